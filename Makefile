@@ -1,0 +1,25 @@
+# Both entry points set everything up on a fresh machine (a virtualenv in .venv with the pinned stack).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,cuda]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tvmpipe demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m 'not slow'
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,56 @@
+"""Build stage: a scheduled Relax module -> a VM executable, and its export to one shared library.
+
+The passes before this one already lowered and fused (``passes``) and scheduled (``schedules``,
+``tuning``) every kernel, so only TVM's dataflow lowering and VM finalisation run here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+from . import cuda_binary
+from .targets import TargetInfo
+
+
+@dataclass
+class Built:
+    exe: object  # tvm.relax.Executable
+    target: TargetInfo
+
+    def export(self, path: Path) -> cuda_binary.GpuCode | None:
+        """Write the shared library; for GPU targets with the device code compiled to cubin/PTX here."""
+        if not self.target.is_gpu:
+            self.exe.export_library(str(path))
+            return None
+        gpu: list[cuda_binary.GpuCode] = []
+
+        def pack_imports(mod, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
+            from tvm.runtime import _ffi_api
+
+            blob = _ffi_api.ModulePackImportsToTensor(mod).numpy().tobytes()
+            sources = [m.inspect_source("cuda") for m in mod._collect_from_import_tree(lambda m: m.kind == "cuda")]
+            with self.target.target:
+                blob, info = cuda_binary.patch_library_blob(blob, self.target.arch, sources)
+            gpu.extend([info] if info else [])
+            return str(cuda_binary.blob_object(blob, Path(workspace_dir)))
+
+        self.exe.export_library(str(path), fpack_imports=pack_imports)
+        return gpu[0] if gpu else None
+
+
+def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
+    """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
+    t = target.target
+    # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
+    lower = [
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+    ]
+    pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
+    return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)

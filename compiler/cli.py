@@ -1,0 +1,236 @@
+"""The ``tvmpipe`` command line: a thin layer over ``compiler.pipeline`` and ``compiler.runtime``.
+
+User errors (``TvmpipeError``) print one line and exit 2; anything else is a bug: one line and exit 1,
+or the full traceback with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .errors import TvmpipeError
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_MODEL = REPO / "models" / "demo.onnx"
+
+
+def _shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    from .frontend.onnx_clean import parse_shape_arg
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items or []:
+        name, shape = parse_shape_arg(item)
+        if name in shapes:
+            raise TvmpipeError(f"--input-shape given twice for '{name}'")
+        shapes[name] = shape
+    return shapes
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    p = Path(path)
+    if not p.is_file():
+        raise TvmpipeError(f"inputs file not found: {path}")
+    try:
+        with np.load(p, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (ValueError, OSError, EOFError) as err:
+        raise TvmpipeError(f"{path} is not a readable .npz file of arrays ({err})") from None
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    from . import targets
+
+    rows = [targets.resolve(n) for n in targets.names()]
+    if args.json:
+        print(json.dumps([{"name": t.name, "kind": t.kind, "summary": t.isa_summary(), "target": t.spec} for t in rows]))
+        return 0
+    width = max(len(t.name) for t in rows)
+    for t in rows:
+        print(f"{t.name:<{width}}  {t.isa_summary():<28}  {t.description}")
+    return 0
+
+
+def _compile(model: str, target: str, output: str | None, shapes, **opts) -> tuple[dict, Path, float]:
+    from .pipeline import Options, compile_model
+
+    out = Path(output) if output else Path(f"{Path(model).stem}-{target.replace('/', '_')}.tvmpkg")
+    t0 = time.perf_counter()
+    manifest = compile_model(model, target, out, shapes, Options(**opts))
+    return manifest, out, time.perf_counter() - t0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    manifest, out, secs = _compile(
+        args.model, args.target, args.output, _shapes(args.input_shape),
+        fusion=not args.no_fusion, custom_schedules=not args.no_custom_schedules,
+    )
+    gpu = manifest.get("gpu_code")
+    extra = f", GPU code: {gpu['format']} ({' + '.join(gpu['images'])})" if gpu else ""
+    print(
+        f"compiled {args.model} for {manifest['target']['name']} ({manifest['target']['summary']}) -> {out}: "
+        f"{len(manifest['kernels'])} kernels, {_human_bytes(out.stat().st_size)}{extra}, {secs:.1f} s"
+    )
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runtime import load
+
+    runner = load(args.package)
+    outputs = runner(**_load_npz(args.inputs))
+    if args.outputs:
+        np.savez(args.outputs, **outputs)
+        print(f"wrote {', '.join(outputs)} to {args.outputs}")
+    else:
+        for name, a in outputs.items():
+            flat = np.asarray(a).ravel()
+            head = np.array2string(flat[:6], precision=5, separator=", ")
+            print(f"{name}: {a.dtype}{list(a.shape)} {head}{' ...' if flat.size > 6 else ''}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .runtime import Timing, load
+
+    runner = load(args.package)
+    inputs = _load_npz(args.inputs) if args.inputs else runner.random_inputs()
+    result: dict = {"package": args.package, "target": runner.manifest["target"]["name"]}
+    result.update(runner.time(inputs, repeat=args.repeat, warmup=args.warmup).summary())
+    lines = [f"tvmpipe      mean {result['mean_ms']:.4f} ms  median {result['median_ms']:.4f} ms  "
+             f"p90 {result['p90_ms']:.4f} ms  p99 {result['p99_ms']:.4f} ms  ({args.repeat} runs)"]
+    if args.compare_onnx:
+        from .compare import OrtSession, errors
+
+        threads = runner.manifest["target"]["spec"].get("num-cores") if runner.manifest["target"]["kind"] == "cpu" else None
+        ort = OrtSession(args.compare_onnx, threads)
+        result.update(errors(runner(**inputs), ort(inputs)))
+        ort_t = Timing(ort.time(inputs, repeat=args.repeat, warmup=args.warmup)).summary()
+        result.update({f"ort_{k}": v for k, v in ort_t.items() if k.endswith("_ms")})
+        result["speedup_vs_ort"] = result["ort_median_ms"] / result["median_ms"]
+        lines.append(f"onnxruntime  mean {result['ort_mean_ms']:.4f} ms  median {result['ort_median_ms']:.4f} ms  "
+                     f"p90 {result['ort_p90_ms']:.4f} ms  p99 {result['ort_p99_ms']:.4f} ms")
+        lines.append(f"speedup vs onnxruntime {result['speedup_vs_ort']:.2f}x; max abs err {result['max_abs_err']:.3g}, "
+                     f"max rel err {result['max_rel_err']:.3g}")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .compare import OrtSession, errors
+    from .runtime import Timing, load
+
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    batch = 2
+    manifest, pkg, secs = _compile(str(DEMO_MODEL), args.target, str(out_dir / f"demo-{args.target}.tvmpkg"),
+                                   {"image": (batch, 3, 32, 32)})
+    runner = load(str(pkg))
+    inputs = runner.random_inputs(seed=int(time.time()))
+    threads = manifest["target"]["spec"].get("num-cores")
+    ort = OrtSession(str(DEMO_MODEL), threads)
+    err = errors(runner(**inputs), ort(inputs))
+    ok = err["max_rel_err"] <= 1e-4
+    ours = runner.time(inputs, repeat=100).summary()["median_ms"]
+    theirs = Timing(ort.time(inputs, repeat=100)).summary()["median_ms"]
+    rows = [
+        ("model", f"{DEMO_MODEL.relative_to(REPO)} (CNN stem + transformer block, batch {batch})"),
+        ("target", f"{manifest['target']['name']} ({manifest['target']['summary']})"),
+        ("compile", f"{secs:.1f} s -> {pkg} ({len(manifest['kernels'])} kernels, {_human_bytes(pkg.stat().st_size)})"),
+        ("correctness", f"max rel err {err['max_rel_err']:.2e} vs onnxruntime: {'OK' if ok else 'MISMATCH'}"),
+        ("latency", f"tvmpipe {ours:.3f} ms, onnxruntime {theirs:.3f} ms (median of 100, {threads} threads)"),
+    ]
+    for k, v in rows:
+        print(f"{k:<12} {v}")
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show full tracebacks")
+    p = argparse.ArgumentParser(prog="tvmpipe", description="Compile ONNX models with TVM.", parents=[common])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("targets", parents=[common], help="list the named targets")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_targets)
+
+    s = sub.add_parser("compile", parents=[common], help="compile an ONNX model into a .tvmpkg package")
+    s.add_argument("model")
+    s.add_argument("--target", "-t", required=True, help="target name (tvmpipe targets) or a target .json")
+    s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
+                   help="static shape for an input (repeat per input)")
+    s.add_argument("-o", "--output", help="package path (default: MODEL-TARGET.tvmpkg)")
+    s.add_argument("--no-fusion", action="store_true", help="skip tvmpipe's graph passes (TVM defaults only)")
+    s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
+    s.set_defaults(func=cmd_compile)
+
+    s = sub.add_parser("run", parents=[common], help="run a package on inputs from an .npz file")
+    s.add_argument("package")
+    s.add_argument("--inputs", required=True, help=".npz with one array per input name")
+    s.add_argument("--outputs", help="write outputs to this .npz (default: print a summary)")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("bench", parents=[common], help="measure a package's latency")
+    s.add_argument("package")
+    s.add_argument("--inputs", help=".npz inputs (default: random)")
+    s.add_argument("--repeat", type=int, default=100)
+    s.add_argument("--warmup", type=int, default=10)
+    s.add_argument("--compare-onnx", metavar="MODEL.onnx", help="also run onnxruntime on the same inputs")
+    s.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("demo", parents=[common], help="compile, run and check the bundled demo model")
+    s.add_argument("--target", default="cpu")
+    s.add_argument("-o", "--output-dir", default="out")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    return f"tvmpipe: warning: {message}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.formatwarning = _format_warning
+    try:
+        return args.func(args)
+    except TvmpipeError as err:
+        if args.debug:
+            raise
+        print(f"tvmpipe: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tvmpipe: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug: keep it short unless asked
+        if args.debug:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        print(f"tvmpipe: internal error: {type(err).__name__}: {first} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

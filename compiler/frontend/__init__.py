@@ -1,0 +1,79 @@
+"""Frontend stage: ONNX file -> Relax IRModule with static shapes, a clean graph and constant weights.
+
+``load(path, shapes)`` is the one entry point: read + validate the file, bind the given static shapes,
+clean the graph (onnxscript), refuse every node we cannot compile exactly (all at once), then import.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ..errors import TvmpipeError
+from . import rnn  # noqa: F401  (registers LSTM/GRU/RNN)
+from .importer import import_model, is_supported, qualified_op
+from .onnx_clean import TensorSpec, bind_shapes, clean, parse_shape_arg, read_model
+from .support import check, iter_nodes, opset_of
+
+__all__ = ["Imported", "TensorSpec", "load", "parse_shape_arg"]
+
+
+@dataclass
+class Imported:
+    """The imported model and what the package manifest needs to know about it."""
+
+    mod: object  # tvm.IRModule
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    source: str
+    sha256: str
+    opset: int
+    onnx_model: onnx.ModelProto  # after binding and cleaning
+    op_counts: Counter = field(default_factory=Counter)  # ONNX ops of the original file
+
+
+def _outputs(mod, graph: onnx.GraphProto, path: str) -> list[TensorSpec]:
+    from tvm import relax
+
+    ret = mod["main"].ret_ty
+    fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    if len(fields) != len(graph.output):
+        raise TvmpipeError(f"{path}: the graph has {len(graph.output)} outputs but import produced {len(fields)}")
+    specs = []
+    for out, ty in zip(graph.output, fields):
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise TvmpipeError(f"{path}: output '{out.name}' is not a tensor of static shape ({ty})")
+        try:
+            shape = tuple(int(d) for d in ty.shape)
+        except TypeError:
+            raise TvmpipeError(
+                f"{path}: output '{out.name}' has a data-dependent shape {ty.shape}; tvmpipe compiles static shapes only"
+            ) from None
+        specs.append(TensorSpec(out.name, shape, str(ty.dtype)))
+    return specs
+
+
+def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> Imported:
+    """Read, bind, clean, check and import an ONNX model."""
+    path = str(path)
+    model, sha = read_model(path)
+    op_counts = Counter(qualified_op(n.domain, n.op_type) for n in iter_nodes(model.graph))
+    inputs = bind_shapes(model, dict(shapes or {}))
+    model = clean(model)
+    check(model, path, is_supported)
+    opset = opset_of(model, "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # renamed-input and checker chatter from the upstream importer
+        try:
+            mod = import_model(
+                model, opset, {s.name: list(s.shape) for s in inputs}, {s.name: s.dtype for s in inputs}
+            )
+        except TvmpipeError as err:
+            raise TvmpipeError(f"{path}: {err}") from err
+        except Exception as err:
+            raise TvmpipeError(f"{path}: import failed: {type(err).__name__}: {err}") from err
+    return Imported(mod, inputs, _outputs(mod, model.graph, path), path, sha, opset, model, op_counts)

@@ -1,0 +1,182 @@
+"""Read an ONNX file, bind static input shapes and clean the graph before Relax sees it.
+
+Cleaning is onnxscript's optimiser (ONNX shape inference + constant folding, which folds exporter shape
+subgraphs such as Shape->Gather->Unsqueeze->Concat->Reshape once the input shapes are static, turns
+Constant nodes of every attribute form into initializers, inlines ``If`` nodes whose condition became
+constant, and inlines model-local functions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from ..errors import TvmpipeError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named, statically shaped model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME:1x3x224x224`` (``NAME:`` alone for a scalar) into (name, shape)."""
+    name, sep, dims = text.rpartition(":")
+    if not sep or not name:
+        raise TvmpipeError(f"malformed --input-shape '{text}': expected NAME:DIMxDIMx... such as x:1x3x224x224")
+    if dims.strip() == "":
+        return name, ()
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise TvmpipeError(
+            f"malformed --input-shape '{text}': dims must be positive integers separated by 'x', e.g. {name}:1x3x224x224"
+        ) from None
+    if any(d <= 0 for d in shape):
+        raise TvmpipeError(f"malformed --input-shape '{text}': every dim must be a positive integer")
+    return name, shape
+
+
+def read_model(path: str | Path) -> tuple[onnx.ModelProto, str]:
+    """Load an ONNX file (with external data) and return it with the file's sha256."""
+    path = Path(path)
+    if not path.exists():
+        raise TvmpipeError(f"model file not found: {path}")
+    if path.is_dir():
+        raise TvmpipeError(f"model path is a directory, not an ONNX file: {path}")
+    data = path.read_bytes()
+    if not data:
+        raise TvmpipeError(f"model file is empty (0 bytes): {path}")
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, RuntimeWarning, ValueError) as err:
+        raise TvmpipeError(f"{path} is not a valid ONNX model (truncated or not ONNX: {err})") from None
+    if not model.graph.node and not model.graph.output:
+        raise TvmpipeError(f"{path} is not a valid ONNX model (no graph: truncated or not ONNX)")
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except (FileNotFoundError, OSError) as err:
+        raise TvmpipeError(f"{path}: external weight data could not be read: {err}") from None
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        # The checker is stricter than the runtimes people test their exports with; say so and go on.
+        warnings.warn(f"{path} does not pass onnx.checker ({str(err).strip().splitlines()[0]}); compiling anyway")
+    return model, hashlib.sha256(data).hexdigest()
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real inputs: graph inputs that are not initializers (old exporters list weights as inputs)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _dtype_of(vi: onnx.ValueInfoProto) -> str:
+    elem = vi.type.tensor_type.elem_type
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+    except (KeyError, TypeError):
+        raise TvmpipeError(
+            f"input '{vi.name}' has element type {onnx.TensorProto.DataType.Name(elem)}, which tvmpipe cannot feed"
+        ) from None
+
+
+def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> list[TensorSpec]:
+    """Write static shapes into the graph inputs; every dynamic dim must be bound by ``shapes``."""
+    inputs = graph_inputs(model)
+    known = {i.name for i in inputs}
+    unknown = sorted(set(shapes) - known)
+    if unknown:
+        raise TvmpipeError(
+            f"--input-shape names {', '.join(repr(u) for u in unknown)}, but the model's inputs are "
+            f"{', '.join(repr(k) for k in sorted(known))}"
+        )
+    specs = []
+    for vi in inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise TvmpipeError(f"input '{vi.name}' is not a tensor (sequence/map inputs are not supported)")
+        dtype = _dtype_of(vi)
+        tt = vi.type.tensor_type
+        dims = list(tt.shape.dim) if tt.HasField("shape") else None
+        given = shapes.get(vi.name)
+        if given is None:
+            if dims is None:
+                raise TvmpipeError(f"input '{vi.name}' has unknown rank: give its shape with --input-shape {vi.name}:DxDx...")
+            dynamic = [(k, d.dim_param or "?") for k, d in enumerate(dims) if d.dim_value <= 0]
+            if dynamic:
+                example = "x".join(str(d.dim_value) if d.dim_value > 0 else "1" for d in dims)
+                where = ", ".join(f"dim {k} ('{p}')" for k, p in dynamic)
+                raise TvmpipeError(
+                    f"input '{vi.name}' has dynamic {where}: bind it with --input-shape {vi.name}:{example}"
+                )
+            shape = tuple(d.dim_value for d in dims)
+        else:
+            if dims is not None and len(dims) != len(given):
+                raise TvmpipeError(
+                    f"--input-shape {vi.name}: rank {len(given)} given, but the model's input has rank {len(dims)}"
+                )
+            for k, (d, g) in enumerate(zip(dims or [], given)):
+                if d.dim_value > 0 and d.dim_value != g:
+                    raise TvmpipeError(
+                        f"--input-shape {vi.name}: dim {k} is fixed to {d.dim_value} in the model, {g} given"
+                    )
+            shape = tuple(given)
+            tt.ClearField("shape")
+            for g in shape:
+                tt.shape.dim.add().dim_value = g
+        specs.append(TensorSpec(vi.name, shape, dtype))
+    return specs
+
+
+def _normalize_constants(graph: onnx.GraphProto) -> None:
+    """Rewrite every Constant node to the plain ``value=<tensor>`` form (evaluated by onnx's reference
+    implementation), so sparse_value / value_ints / value_string ... never reach code that only knows one."""
+    from onnx.reference import ReferenceEvaluator
+
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _normalize_constants(attr.g)
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.attribute[0].name == "value":
+            continue
+        attr = node.attribute[0]
+        if attr.name == "sparse_value":  # the reference evaluator returns it sparse: scatter it here
+            sp = attr.sparse_tensor
+            value = np.zeros(tuple(sp.dims), onnx.helper.tensor_dtype_to_np_dtype(sp.values.data_type))
+            idx = onnx.numpy_helper.to_array(sp.indices)
+            value[np.unravel_index(idx, value.shape) if idx.ndim == 1 else tuple(idx.T)] = onnx.numpy_helper.to_array(sp.values)
+        else:
+            single = onnx.helper.make_graph([node], "c", [], [onnx.helper.make_empty_tensor_value_info(node.output[0])])
+            opsets = [onnx.helper.make_opsetid("", 17)]
+            value = ReferenceEvaluator(onnx.helper.make_model(single, opset_imports=opsets)).run(None, {})[0]
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(np.asarray(value), node.output[0])))
+
+
+def clean(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference + constant folding + If/function inlining with onnxscript's optimiser."""
+    import onnxscript.optimizer
+
+    _normalize_constants(model.graph)
+    # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
+    del model.graph.value_info[:]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return onnxscript.optimizer.optimize(model, num_iterations=4, output_size_limit=1 << 26)
+    except Exception as err:  # the optimiser is best effort: import the unoptimised graph instead
+        warnings.warn(f"onnxscript optimiser failed ({type(err).__name__}: {err}); importing the raw graph")
+        return onnx.shape_inference.infer_shapes(model)

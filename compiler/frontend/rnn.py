@@ -1,0 +1,1 @@
+"""LSTM / GRU / RNN converters (placeholder module: filled in by the RNN work)."""

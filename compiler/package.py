@@ -1,0 +1,70 @@
+"""Package stage: one ``.tvmpkg`` file = a zip of ``manifest.json`` + ``model.so`` (code and weights).
+
+The weights live in the library itself (the VM executable's constant pool), so a package is
+self-contained. ``save`` writes atomically: a crash never leaves a half-written file at the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .build import Built
+from .errors import TvmpipeError
+
+MANIFEST = "manifest.json"
+LIBRARY = "model.so"
+
+
+def save(path: str | Path, built: Built, manifest: dict) -> dict:
+    """Export ``built`` and write the package; return the manifest as written (with GPU code info)."""
+    path = Path(path)
+    if path.is_dir():
+        raise TvmpipeError(f"output path is a directory: {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = Path(tmp) / LIBRARY
+        gpu = built.export(lib)
+        manifest = dict(manifest)
+        if gpu is not None:
+            manifest["gpu_code"] = {"format": gpu.format, "images": gpu.images, "bytes": gpu.nbytes}
+        fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        os.close(fd)
+        try:
+            with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+                zf.writestr(MANIFEST, json.dumps(manifest, indent=2))
+                zf.write(lib, LIBRARY)
+            os.replace(partial, path)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
+    return manifest
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The manifest of a package, with a clear error for anything that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise TvmpipeError(f"package not found: {path}")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if MANIFEST not in names or LIBRARY not in names:
+                raise TvmpipeError(f"{path} is not a tvmpipe package (no {MANIFEST} / {LIBRARY} inside)")
+            return json.loads(zf.read(MANIFEST))
+    except (zipfile.BadZipFile, EOFError, ValueError) as err:
+        raise TvmpipeError(f"{path} is corrupt or not a tvmpipe package ({err})") from None
+
+
+def extract_library(path: str | Path, dest_dir: str | Path) -> Path:
+    """Unzip the library next to nothing else; CRC-checked by zipfile."""
+    out = Path(dest_dir) / LIBRARY
+    try:
+        with zipfile.ZipFile(path) as zf:
+            out.write_bytes(zf.read(LIBRARY))
+    except (zipfile.BadZipFile, EOFError, OSError) as err:
+        raise TvmpipeError(f"{path} is corrupt: its library cannot be read ({err})") from None
+    return out

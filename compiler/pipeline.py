@@ -1,0 +1,64 @@
+"""The whole compile: frontend -> passes -> schedules -> tuning -> build -> package, in one call."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import frontend, package, passes, schedules, targets, tuning
+from .build import build
+from .version import PACKAGE_FORMAT, __version__
+
+
+@dataclass
+class Options:
+    """Switches a user can flip from the CLI, each recorded in the manifest."""
+
+    fusion: bool = True
+    custom_schedules: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def compile_model(
+    model: str | Path,
+    target: str,
+    output: str | Path,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    options: Options | None = None,
+) -> dict:
+    """Compile an ONNX file for a named target into a package; return its manifest."""
+    import tvm
+
+    options = options or Options()
+    info = targets.resolve(target)
+    imported = frontend.load(model, shapes)
+    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion)
+    mod, hand = schedules.apply(mod, info, enabled=options.custom_schedules)
+    mod, provenance = tuning.apply(mod, info)
+    kernels = {**{k: f"hand:{v}" for k, v in hand.items()}, **provenance}
+    built = build(mod, info)
+    manifest = {
+        "format": "tvmpipe-package",
+        "format_version": PACKAGE_FORMAT,
+        "tvmpipe_version": __version__,
+        "tvm_version": tvm.__version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "target": {
+            "name": info.name,
+            "kind": info.kind,
+            "arch": info.arch,
+            "spec": info.spec,
+            "summary": info.isa_summary(),
+            "cpu_flags": targets.host_cpu_flags() if not info.is_gpu else [],
+        },
+        "inputs": [s.to_json() for s in imported.inputs],
+        "outputs": [s.to_json() for s in imported.outputs],
+        "source_model": {"file": Path(model).name, "sha256": imported.sha256, "opset": imported.opset},
+        "passes": pass_names,
+        "options": {"fusion": options.fusion, "custom_schedules": options.custom_schedules, **options.extra},
+        "kernels": kernels,
+        "tuning_log": None,
+        "weights": "embedded in model.so (VM constant pool)",
+    }
+    return package.save(output, built, manifest)

@@ -1,0 +1,154 @@
+"""Runtime stage: load a ``.tvmpkg`` with TVM's runtime alone and run it on numpy arrays by name.
+
+Nothing here imports the compiler side of TVM (or onnx), so a deployment needs only ``tvm.runtime``.
+Loading checks the manifest against this machine and this TVM first, and says what does not match.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import package
+from .errors import TvmpipeError
+from .targets import host_cpu_flags
+from .version import PACKAGE_FORMAT, __version__
+
+
+@dataclass
+class Timing:
+    """Per-run latencies in milliseconds."""
+
+    ms: list[float]
+
+    def summary(self) -> dict[str, float]:
+        a = np.asarray(self.ms)
+        return {
+            "mean_ms": float(a.mean()),
+            "median_ms": float(np.median(a)),
+            "p90_ms": float(np.percentile(a, 90)),
+            "p99_ms": float(np.percentile(a, 99)),
+            "min_ms": float(a.min()),
+            "runs": len(a),
+        }
+
+
+def _check_compatible(manifest: dict, path: str) -> None:
+    import tvm
+
+    if manifest.get("format") != "tvmpipe-package" or manifest.get("format_version") != PACKAGE_FORMAT:
+        raise TvmpipeError(
+            f"{path} has package format {manifest.get('format_version')!r}; this tvmpipe {__version__} "
+            f"reads format {PACKAGE_FORMAT}: recompile the model"
+        )
+    built_with = manifest.get("tvm_version")
+    if built_with != tvm.__version__:
+        raise TvmpipeError(
+            f"{path} was built with TVM {built_with} (tvmpipe {manifest.get('tvmpipe_version')}); this is "
+            f"TVM {tvm.__version__}: recompile the model with this version"
+        )
+    target = manifest["target"]
+    if target["kind"] == "cuda":
+        dev = tvm.cuda(0)
+        if not dev.exist:
+            raise TvmpipeError(
+                f"{path} is built for {target['name']} ({target['arch']}) but this machine has no CUDA GPU"
+            )
+        have = "sm_" + dev.compute_version.replace(".", "")
+        images = manifest.get("gpu_code", {}).get("images", [])
+        has_ptx = any("ptx" in i for i in images)
+        if have != target["arch"] and not (has_ptx and have > target["arch"]):
+            raise TvmpipeError(f"{path} holds GPU code for {target['arch']}, but this GPU is {have}")
+    else:
+        missing = sorted(set(target.get("cpu_flags", [])) - set(host_cpu_flags()))
+        if missing:
+            raise TvmpipeError(
+                f"{path} was compiled for a CPU with {', '.join(missing)}, which this CPU lacks: "
+                "recompile it here with --target cpu"
+            )
+
+
+class Runner:
+    """A loaded package: ``runner(**arrays) -> {output name: array}``."""
+
+    def __init__(self, path: str):
+        import tvm
+        from tvm.runtime.vm import VirtualMachine
+
+        self.path = path
+        self.manifest = package.read_manifest(path)
+        _check_compatible(self.manifest, path)
+        self.inputs: list[dict] = self.manifest["inputs"]
+        self.outputs: list[dict] = self.manifest["outputs"]
+        self.device = tvm.cuda(0) if self.manifest["target"]["kind"] == "cuda" else tvm.cpu(0)
+        with tempfile.TemporaryDirectory() as tmp:
+            lib_path = package.extract_library(path, tmp)
+            try:
+                lib = tvm.runtime.load_module(str(lib_path))
+            except Exception as err:  # the loader reports a damaged library as a TVM error
+                raise TvmpipeError(f"{path}: its library does not load ({str(err).strip().splitlines()[-1]})") from err
+        self._vm = VirtualMachine(lib, self.device)
+
+    def _arguments(self, arrays: dict[str, np.ndarray]) -> list:
+        import tvm
+
+        names = [i["name"] for i in self.inputs]
+        problems = []
+        missing = [n for n in names if n not in arrays]
+        extra = sorted(set(arrays) - set(names))
+        if missing:
+            problems.append(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        if extra:
+            problems.append(f"unknown input{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))}")
+        args = []
+        for spec in self.inputs:
+            if spec["name"] not in arrays:
+                continue
+            a = np.asarray(arrays[spec["name"]])
+            if list(a.shape) != spec["shape"]:
+                problems.append(f"input '{spec['name']}' has shape {list(a.shape)}, expected {spec['shape']}")
+            elif a.dtype.name != spec["dtype"]:
+                problems.append(f"input '{spec['name']}' has dtype {a.dtype.name}, expected {spec['dtype']}")
+            else:
+                args.append(tvm.runtime.tensor(np.ascontiguousarray(a), self.device))
+        if problems:
+            expected = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
+            raise TvmpipeError(f"{'; '.join(problems)} (the package expects {expected})")
+        return args
+
+    def _collect(self, result) -> dict[str, np.ndarray]:
+        items = list(result) if len(self.outputs) > 1 else [result]
+        return {spec["name"]: item.numpy() for spec, item in zip(self.outputs, items)}
+
+    def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        return self._collect(self._vm["main"](*self._arguments(arrays)))
+
+    def time(self, arrays: dict[str, np.ndarray], repeat: int = 50, warmup: int = 5) -> Timing:
+        """Latency of one call with inputs already on the device (outputs stay there too)."""
+        args = self._arguments(arrays)
+        self._vm.set_input("main", *args)
+        evaluator = self._vm.time_evaluator
+        evaluator("invoke_stateful", self.device, number=1, repeat=max(warmup, 1))("main")  # first-touch costs
+        timer = evaluator("invoke_stateful", self.device, number=1, repeat=repeat)
+        return Timing([t * 1e3 for t in timer("main").results])
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Random arrays matching the manifest (integers in [0, 10) for index-like inputs)."""
+        rng = np.random.default_rng(seed)
+        out = {}
+        for spec in self.inputs:
+            dt = np.dtype(spec["dtype"])
+            if dt.kind == "f":
+                out[spec["name"]] = rng.standard_normal(spec["shape"]).astype(dt)
+            elif dt.kind == "b":
+                out[spec["name"]] = rng.integers(0, 2, spec["shape"]).astype(dt)
+            else:
+                out[spec["name"]] = rng.integers(0, 10, spec["shape"]).astype(dt)
+        return out
+
+
+def load(path: str) -> Runner:
+    """Load a package and check it against this machine."""
+    return Runner(str(path))

@@ -1,0 +1,40 @@
+"""Schedule stage: hand-written TensorIR schedules (``schedules/``) for the kernels they cover.
+
+Every rule is a DLight ``ScheduleRule``: ``apply(func, target, tunable) -> Schedule | None``; each PrimFunc that no earlier
+stage scheduled is offered to the rules in order and the first schedule returned replaces it, marked
+``tirx.is_scheduled`` so that tuning and DLight leave it alone.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+from schedules import RULES
+
+from .targets import TargetInfo
+
+
+def is_scheduled(func: tvm.tirx.PrimFunc) -> bool:
+    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
+
+
+def apply(mod: tvm.IRModule, target: TargetInfo, *, enabled: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
+    """Schedule what our rules cover; return the module and {kernel name: rule name}."""
+    chosen: dict[str, str] = {}
+    if not enabled or not RULES:
+        return mod, chosen
+    updates = {}
+    with target.target:
+        for gvar, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
+                continue
+            for rule in RULES:
+                sch = rule.apply(func, target.target, False)
+                if sch is not None:
+                    updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    chosen[gvar.name_hint] = type(rule).__name__
+                    break
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod, chosen

@@ -1,0 +1,1 @@
+"""Named compilation targets: one JSON file per target, read by ``compiler.targets``."""
