@@ -33,7 +33,8 @@ def compile_model(
     options = options or Options()
     info = targets.resolve(target)
     imported = frontend.load(model, shapes)
-    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion)
+    legalize = schedules.legalizations() if options.custom_schedules else {}
+    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion, legalize=legalize)
     mod, hand = schedules.apply(mod, info, enabled=options.custom_schedules)
     mod, provenance = tuning.apply(mod, info)
     kernels = {**{k: f"hand:{v}" for k, v in hand.items()}, **provenance}

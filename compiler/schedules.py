@@ -10,13 +10,18 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from schedules import RULES
+from schedules import LEGALIZE, RULES
 
 from .targets import TargetInfo
 
 
 def is_scheduled(func: tvm.tirx.PrimFunc) -> bool:
     return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
+
+
+def legalizations() -> dict:
+    """Custom legalisations of the ops our kernels cover (for ``passes.optimize``)."""
+    return dict(LEGALIZE)
 
 
 def apply(mod: tvm.IRModule, target: TargetInfo, *, enabled: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:

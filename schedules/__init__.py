@@ -5,3 +5,7 @@
 """
 
 RULES: list = []
+
+# Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
+# ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.
+LEGALIZE: dict = {}

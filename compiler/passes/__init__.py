@@ -1,8 +1,10 @@
 """Graph stage: Relax graph passes, then legalisation to TIR and kernel fusion.
 
-``optimize(mod, target, fusion=True)`` returns a module whose Relax ``main`` calls fused PrimFuncs (one
-per kernel), plus the names of the passes applied (recorded in the package manifest). ``fusion=False``
-(``--no-fusion``) keeps TVM's own lowering, for comparison.
+``optimize(mod, target, fusion=True, legalize={})`` returns a module whose Relax ``main`` calls fused
+PrimFuncs (one per kernel), plus the names of the passes applied (recorded in the package manifest).
+``fusion=False`` (``--no-fusion``) keeps TVM's own lowering, for comparison. ``legalize`` maps Relax op
+names to custom legalisations (``schedules.LEGALIZE``: ops whose kernels we hand-write get a canonical
+PrimFunc there); the pipeline passes it in, so this stage never imports the schedules.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ LOWERING: list[tuple[str, object]] = [
 ]
 
 
-def optimize(mod: tvm.IRModule, target: TargetInfo, *, fusion: bool = True) -> tuple[tvm.IRModule, list[str]]:
+def optimize(
+    mod: tvm.IRModule, target: TargetInfo, *, fusion: bool = True, legalize: dict | None = None
+) -> tuple[tvm.IRModule, list[str]]:
     """Apply the graph passes (if ``fusion``) and the lowering; return the module and pass names."""
     steps = (GRAPH_PASSES if fusion else []) + LOWERING
     with target.target:
-        for _, make in steps:
-            mod = make()(mod)
+        for name, make in steps:
+            mod = make(customize_legalize_map=legalize or None)(mod) if name == "LegalizeOps" else make()(mod)
     return mod, [name for name, _ in steps]
