@@ -11,15 +11,18 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .build import Built
 from .errors import TvmpipeError
+
+if TYPE_CHECKING:  # the runtime side imports this module and must not pull in TVM's compiler
+    from .build import Built
 
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 
 
-def save(path: str | Path, built: Built, manifest: dict) -> dict:
+def save(path: str | Path, built: "Built", manifest: dict) -> dict:
     """Export ``built`` and write the package; return the manifest as written (with GPU code info)."""
     path = Path(path)
     if path.is_dir():

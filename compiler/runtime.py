@@ -35,6 +35,25 @@ class Timing:
         }
 
 
+def _load_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime library; a runtime-only TVM does not (it autoloads backends only when
+    its compiler is present), so without this no CUDA device exists there."""
+    from pathlib import Path
+
+    from tvm.base import _LOADED_LIBS
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    if "tvm_runtime_cuda" in _LOADED_LIBS:
+        return
+    lib_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    try:
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[lib_dir], mode="RTLD_LOCAL"
+        )
+    except (OSError, RuntimeError) as err:  # no libcuda.so.1 (no driver) lands here
+        raise TvmpipeError(f"TVM's CUDA runtime cannot be loaded: {err}") from None
+
+
 def _check_compatible(manifest: dict, path: str) -> None:
     import tvm
 
@@ -51,6 +70,12 @@ def _check_compatible(manifest: dict, path: str) -> None:
         )
     target = manifest["target"]
     if target["kind"] == "cuda":
+        try:
+            _load_cuda_runtime()
+        except TvmpipeError as err:
+            raise TvmpipeError(
+                f"{path} is built for {target['name']} ({target['arch']}) but this machine has no CUDA GPU ({err})"
+            ) from None
         dev = tvm.cuda(0)
         if not dev.exist:
             raise TvmpipeError(

@@ -1,0 +1,73 @@
+"""CUDA packages are built here without a GPU and carry compiled GPU code (no compiler needed to load)."""
+
+import json
+import struct
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from helpers import run_cli
+
+EM_CUDA = 190
+
+
+def cuda_elf_archs(blob: bytes) -> list[int]:
+    """SM versions of the CUDA ELF images (cubins) embedded anywhere in ``blob``."""
+    archs, i = [], blob.find(b"\x7fELF")
+    while i >= 0:
+        if struct.unpack_from("<H", blob, i + 18)[0] == EM_CUDA:
+            flags = struct.unpack_from("<I", blob, i + 48)[0]
+            archs.append((flags >> 8) & 0xFF)  # EF_CUDA_SM in bits 8-15 (CUDA >= 12.8)
+        i = blob.find(b"\x7fELF", i + 1)
+    return archs
+
+
+@pytest.fixture(scope="module")
+def cuda_pkg(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cuda")
+    from compiler.cli import main
+
+    assert main(["compile", "models/demo.onnx", "--target", "cuda-sm90", "--input-shape", "image:2x3x32x32",
+                 "-o", str(tmp / "demo.tvmpkg")]) == 0
+    return tmp / "demo.tvmpkg"
+
+
+def test_cuda_package_holds_sm90_cubin_and_no_source(cuda_pkg):
+    with zipfile.ZipFile(cuda_pkg) as zf:
+        lib = zf.read("model.so")
+        manifest = json.loads(zf.read("manifest.json"))
+    assert 90 in cuda_elf_archs(lib), "no sm_90 cubin in the package"
+    assert b"__global__" not in lib and b"extern \"C\"" not in lib, "CUDA source left in the package"
+    assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
+    assert manifest["target"]["arch"] == "sm_90" and manifest["kernels"]
+    if manifest["gpu_code"]["format"] == "fatbin":
+        assert struct.pack("<I", 0xBA55ED50) in lib  # fatbin magic: the PTX rides along for newer GPUs
+
+
+def test_sm80_target_builds_sm80_cubin(capsys, tmp_path):
+    r = run_cli(capsys, "compile", "models/demo.onnx", "--target", "cuda-sm80", "--input-shape", "image:1x3x32x32",
+                "-o", tmp_path / "a100.tvmpkg")
+    assert r.code == 0, r.err
+    with zipfile.ZipFile(tmp_path / "a100.tvmpkg") as zf:
+        assert cuda_elf_archs(zf.read("model.so")) == [80]
+
+
+def test_cpu_package_loads_with_runtime_only(tmp_path):
+    """A fresh process with TVM's runtime library only (no compiler, no onnx) runs a package."""
+    from compiler.cli import main
+
+    pkg = tmp_path / "demo.tvmpkg"
+    assert main(["compile", "models/demo.onnx", "--target", "cpu", "--input-shape", "image:1x3x32x32", "-o", str(pkg)]) == 0
+    code = (
+        "import sys, compiler\n"
+        f"r = compiler.load({str(pkg)!r})\n"
+        "out = r(**r.random_inputs())['probs']\n"
+        "assert out.shape == (1, 10) and abs(out.sum() - 1) < 1e-5\n"
+        "import tvm; assert tvm.base._RUNTIME_ONLY\n"
+        "assert 'tvm.relax' not in sys.modules and 'onnx' not in sys.modules, 'compiler side imported'\n"
+    )
+    env = {"TVM_USE_RUNTIME_LIB": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=".")
+    assert r.returncode == 0, r.stderr
