@@ -71,7 +71,7 @@ def test_example_cpu_matches_numpy_and_loads_without_the_plugin(capsys, tmp_path
     ref = example.reference(onnx.load(example.MODEL), x)
     assert rel_err(_run(capsys, tmp_path, x=x)["y"], ref) < 1e-5
 
-    # A fresh process that never sees the plug-in (nor the compiler side of tvmpipe) runs the package.
+    # A fresh process that never imports the plug-in (nor tvmpipe's frontend) runs the package.
     np.save(tmp_path / "x.npy", x)
     code = textwrap.dedent(f"""
         import sys, numpy as np, compiler
