@@ -9,7 +9,7 @@ The public API is small and lazily imported, so ``compiler.load`` works with TVM
 from .errors import TvmpipeError
 from .version import __version__
 
-__all__ = ["TvmpipeError", "__version__", "compile_model", "load"]
+__all__ = ["TvmpipeError", "__version__", "compile_model", "load", "register_op"]
 
 
 def load(path: str):
@@ -24,3 +24,10 @@ def compile_model(*args, **kwargs) -> dict:
     from .pipeline import compile_model as _compile
 
     return _compile(*args, **kwargs)
+
+
+def register_op(*args, **kwargs):
+    """Add a custom ONNX op (converter, shape check, schedules); see ``compiler.plugins.register_op``."""
+    from .plugins import register_op as _register
+
+    return _register(*args, **kwargs)

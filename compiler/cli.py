@@ -78,9 +78,13 @@ def _compile(model: str, target: str, output: str | None, shapes, **opts) -> tup
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from .plugins import load_plugin
+
+    plugins = [load_plugin(p) for p in args.plugin or []]
     manifest, out, secs = _compile(
         args.model, args.target, args.output, _shapes(args.input_shape),
         fusion=not args.no_fusion, custom_schedules=not args.no_custom_schedules,
+        extra={"plugins": plugins} if plugins else {},
     )
     gpu = manifest.get("gpu_code")
     extra = f", GPU code: {gpu['format']} ({' + '.join(gpu['images'])})" if gpu else ""
@@ -186,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="package path (default: MODEL-TARGET.tvmpkg)")
     s.add_argument("--no-fusion", action="store_true", help="skip tvmpipe's graph passes (TVM defaults only)")
     s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
+    s.add_argument("--plugin", action="append", metavar="FILE.py",
+                   help="import a plug-in that registers custom ops (compiler.register_op); repeatable")
     s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("run", parents=[common], help="run a package on inputs from an .npz file")

@@ -2,7 +2,8 @@
 
 Every rule is a DLight ``ScheduleRule``: ``apply(func, target, tunable) -> Schedule | None``; each PrimFunc that no earlier
 stage scheduled is offered to the rules in order and the first schedule returned replaces it, marked
-``tirx.is_scheduled`` so that tuning and DLight leave it alone.
+``tirx.is_scheduled`` so that tuning and DLight leave it alone. Plug-in kernels go to the user's own
+schedule first (``plugins.PluginSchedule``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from tvm import tirx
 
 from schedules import LEGALIZE, RULES
 
+from .plugins import PluginSchedule
 from .targets import TargetInfo
 
 
@@ -27,14 +29,15 @@ def legalizations() -> dict:
 def apply(mod: tvm.IRModule, target: TargetInfo, *, enabled: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
     """Schedule what our rules cover; return the module and {kernel name: rule name}."""
     chosen: dict[str, str] = {}
-    if not enabled or not RULES:
+    if not enabled:
         return mod, chosen
+    rules = [PluginSchedule(), *RULES]
     updates = {}
     with target.target:
         for gvar, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue
-            for rule in RULES:
+            for rule in rules:
                 sch = rule.apply(func, target.target, False)
                 if sch is not None:
                     updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
