@@ -42,8 +42,20 @@ class Built:
         return gpu[0] if gpu else None
 
 
+def _unbound_gpu_kernels(mod: tvm.IRModule) -> list[str]:
+    """Kernels with no GPU thread binding. TVM would silently compile them as host code for a CUDA
+    target and the package would crash at run time, so refuse to build instead."""
+    return [
+        gv.name_hint
+        for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc) and "T.thread_binding" not in (script := f.script()) and "T.launch_thread" not in script
+    ]
+
+
 def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
     """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
+    if target.is_gpu and (unbound := _unbound_gpu_kernels(mod)):
+        raise RuntimeError(f"kernels left unscheduled for {target.name} (no thread binding): {', '.join(unbound)}")
     t = target.target
     # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
     lower = [

@@ -71,3 +71,25 @@ def test_cpu_package_loads_with_runtime_only(tmp_path):
     env = {"TVM_USE_RUNTIME_LIB": "1", "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=".")
     assert r.returncode == 0, r.stderr
+
+
+def test_unscheduled_gpu_kernel_is_refused():
+    """A kernel no rule scheduled would compile to host code for CUDA and crash at run time: refuse."""
+    import tvm
+    from tvm import relax, te
+
+    from compiler.build import build
+    from compiler.targets import resolve
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.call_te(lambda a: te.compute((8,), lambda i: a[i] * 2.0, name="double"), x))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    for gv, f in mod.functions.items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            mod[gv] = f.with_attr("tirx.is_scheduled", True)
+    with pytest.raises(RuntimeError, match="no thread binding"):
+        build(mod, resolve("cuda-sm90"))
