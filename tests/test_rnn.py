@@ -74,8 +74,8 @@ CASES = {  # id: (op, rnn_model kwargs)
     "LSTM-activations": ("LSTM", dict(direction="bidirectional", activation_alpha=[0.3, 0.2, 0.9, 0.7],
                                       activation_beta=[0.6, 0.8, 0.1], activations=[
                                           "HardSigmoid", "LeakyRelu", "ScaledTanh", "Sigmoid", "Affine", "Relu"])),
-    "GRU-activations": ("GRU", dict(direction="bidirectional", activations=["HardSigmoid", "Softplus", "Sigmoid", "Elu"],
-                                    activation_alpha=[0.25, 0.5], activation_beta=[0.45], linear_before_reset=1)),
+    "GRU-activations": ("GRU", dict(direction="bidirectional", linear_before_reset=1, activation_alpha=[0.25, 0.5],
+                                    activation_beta=[0.45], activations=["HardSigmoid", "Softplus", "Sigmoid", "Elu"])),
     "RNN-activations": ("RNN", dict(direction="bidirectional", activations=["Softsign", "ThresholdedRelu"],
                                     activation_alpha=[0.1])),
     "LSTM-lens-const": ("LSTM", dict(direction="bidirectional", seq_lens=[5, 3, 1], peepholes=True)),
@@ -99,7 +99,8 @@ def test_matches_onnxruntime(capsys, tmp_path, rng, case):
 @pytest.mark.parametrize("op,kw,needle", [
     ("LSTM", dict(activations=["Affine", "Tanh", "Tanh"]), "activation Affine needs its alpha and beta"),
     ("GRU", dict(activations=["Sigmoid", "Swish"]), "unknown activation 'Swish'"),
-    ("LSTM", dict(direction="bidirectional", activations=["Sigmoid", "Tanh", "Tanh"]), "3 activations given, expected 6"),
+    ("LSTM", dict(direction="bidirectional", activations=["Sigmoid", "Tanh", "Tanh"]),
+     "3 activations given, expected 6"),
     ("RNN", dict(seq_lens=[5, 6, 1]), "sequence_lens [5, 6, 1] must lie in [0, 5]"),
 ])
 def test_refused_with_clear_error(capsys, tmp_path, rng, op, kw, needle):

@@ -175,13 +175,17 @@ def _static_shape(e: Expr, what: str, where: str) -> tuple[int, ...]:
         raise TvmpipeError(f"{where}: {what} has no static shape ({e.ty})") from None
 
 
-def _activations(cls: type[_Recurrent], attr: dict, num_dir: int, clip: float | None, dtype: str, where: str) -> list[list[Act]]:
+def _activations(
+    cls: type[_Recurrent], attr: dict, num_dir: int, clip: float | None, dtype: str, where: str
+) -> list[list[Act]]:
     """Per-direction activation functions. alpha/beta values are consumed in order only by the functions that
     take them (as onnxruntime does); a function past the end of the list gets its default."""
     names = [n.decode() if isinstance(n, bytes) else n for n in attr.get("activations", cls.default_acts * num_dir)]
     per_dir = len(cls.default_acts)
     if len(names) != per_dir * num_dir:
-        raise TvmpipeError(f"{where}: {len(names)} activations given, expected {per_dir * num_dir} ({per_dir} per direction)")
+        raise TvmpipeError(
+            f"{where}: {len(names)} activations given, expected {per_dir * num_dir} ({per_dir} per direction)"
+        )
     alphas, betas = list(attr.get("activation_alpha", ())), list(attr.get("activation_beta", ()))
     acts = []
     for k, name in enumerate(names):
@@ -191,8 +195,8 @@ def _activations(cls: type[_Recurrent], attr: dict, num_dir: int, clip: float | 
         alpha = None if da is None else (alphas.pop(0) if alphas else da)
         beta = None if db is None else (betas.pop(0) if betas else db)
         if (alpha is not None and math.isnan(alpha)) or (beta is not None and math.isnan(beta)):
-            raise TvmpipeError(f"{where}: activation {name} needs its alpha and beta in activation_alpha/activation_beta "
-                               "(ONNX defines no default for them)")
+            raise TvmpipeError(f"{where}: activation {name} needs its alpha and beta in activation_alpha/"
+                               "activation_beta (ONNX defines no default for them)")
         acts.append(_act(name.lower(), alpha, beta, None if k % per_dir in cls.unclipped else clip, dtype))
     return [acts[d * per_dir:(d + 1) * per_dir] for d in range(num_dir)]
 
@@ -245,10 +249,10 @@ def _convert(cls: type[_Recurrent], bb: relax.BlockBuilder, inputs: list, attr: 
         wb, rb = _chunks(bb, pick(b, d), 2) if b is not None else (None, None)
         proj = relax.op.matmul(x, relax.op.permute_dims(pick(w, d)))  # all steps at once: [seq, batch, gates*hidden]
         proj = bb.emit(proj if wb is None else proj + (wb + rb if fold else wb))
-        p = extra.get("P")
+        p = pick(extra.get("P"), d)
         weights = _Dir(_chunks(bb, bb.emit(relax.op.permute_dims(pick(r, d))), r_split), None if fold else rb,
-                       None if p is None else _chunks(bb, pick(p, d), 3), acts[d])
-        state = [pick(extra.get(n), d, axis=1 if batch_major else 0) for n in ("initial_h", "initial_c")[: cls.n_states]]
+                       None if p is None else _chunks(bb, p, 3), acts[d])
+        state = [pick(extra.get(n), d, axis=1 if batch_major else 0) for n in ("initial_h", "initial_c")[:cls.n_states]]
         state = [bb.emit(relax.op.zeros((batch, hidden), dtype)) if s is None else s for s in state]
         y: list[Expr] = [None] * seq
         for t in range(seq - 1, -1, -1) if direction == "reverse" or d == 1 else range(seq):
@@ -266,7 +270,8 @@ def _convert(cls: type[_Recurrent], bb: relax.BlockBuilder, inputs: list, attr: 
         some = bb.emit(relax.op.greater(lens, relax.const(0, "int32")))
         finals = [[bb.emit(relax.op.where(some, s, relax.const(0.0, dtype))) for s in f] for f in finals]
     out_y = bb.emit(relax.op.stack(ys, axis=1))  # [seq, num_dir, batch, hidden]
-    outs = [bb.emit(relax.op.stack([f[k] for f in finals], axis=0)) for k in range(cls.n_states)]  # [num_dir, batch, hidden]
+    # [num_dir, batch, hidden] each
+    outs = [bb.emit(relax.op.stack([f[k] for f in finals], axis=0)) for k in range(cls.n_states)]
     if batch_major:
         out_y = bb.emit(relax.op.permute_dims(out_y, [2, 0, 1, 3]))
         outs = [bb.emit(relax.op.permute_dims(o, [1, 0, 2])) for o in outs]
