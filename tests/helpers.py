@@ -70,8 +70,11 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
 def compile_and_compare(
     capsys, tmp_path: Path, model: onnx.ModelProto, inputs: dict[str, np.ndarray],
     shapes: dict[str, tuple] | None = None, target: str = "cpu", extra_args: tuple[str, ...] = (),
+    reference: onnx.ModelProto | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Save, compile with the CLI, run with the CLI, and return (ours, onnxruntime's) outputs."""
+    """Save, compile with the CLI, run with the CLI, and return (ours, onnxruntime's) outputs.
+
+    ``reference``: an equivalent model for onnxruntime to run instead, where it lacks a feature of ``model``."""
     src = save(model, tmp_path / "model.onnx")
     pkg = tmp_path / "model.tvmpkg"
     shape_args = [a for n, s in (shapes or {}).items() for a in ("--input-shape", f"{n}:{'x'.join(map(str, s))}")]
@@ -82,4 +85,4 @@ def compile_and_compare(
     assert r.code == 0, r.err
     with np.load(tmp_path / "out.npz") as f:
         ours = {k: f[k] for k in f.files}
-    return ours, ort_run(src, inputs)
+    return ours, ort_run(src if reference is None else save(reference, tmp_path / "reference.onnx"), inputs)
