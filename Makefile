@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tvmpipe demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests --nbmake notebooks
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
