@@ -7,9 +7,9 @@ residual block, a transformer encoder block (``models/fusion_blocks.py``). For e
 inference, intermediate bytes kept inside fused kernels (and still in scratch), latency, error vs
 onnxruntime. Latencies of the three levels are measured in interleaved rounds in one run.
 
-    python benchmarks/fusion.py                        # CPU here -> benchmarks/results/fusion-cpu.json
-    python benchmarks/fusion.py --build-gpu            # compile cuda-sm90 packages into build/gpu/fusion/
-    python3 benchmarks/fusion.py --run --out DIR       # on the GPU machine (TVM runtime only) -> DIR/fusion-gpu.json
+    python benchmarks/fusion.py                             # CPU here -> benchmarks/results/fusion-cpu.json
+    python benchmarks/fusion.py --build --target cuda-sm90  # compile the GPU packages into build/gpu/fusion/
+    python3 benchmarks/fusion.py --run --dir build/gpu/fusion --out DIR  # on the GPU machine -> DIR/fusion-gpu.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "models")]
 
 LEVELS = ("none", "tvm", "tvmpipe")
-GPU_DIR = REPO / "build" / "gpu" / "fusion"
 
 
 def blocks(gpu: bool) -> dict:
@@ -146,36 +145,37 @@ def print_row(row: dict) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="cpu", help="cpu (default) or cuda-sm90 / cuda-sm80 with --build")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--build-gpu", action="store_true", help=f"compile cuda packages into {GPU_DIR.relative_to(REPO)}")
-    mode.add_argument("--run", action="store_true", help="time the packages --build-gpu made (on the GPU machine)")
-    p.add_argument("--target", default=None, help="cpu (default) or, with --build-gpu, cuda-sm90")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="directory for the result JSON")
-    p.add_argument("--rounds", type=int, default=5)
+    mode.add_argument("--build", action="store_true", help="only compile the packages into --dir")
+    mode.add_argument("--run", action="store_true", help="only time the packages in --dir (needs TVM's runtime only)")
+    p.add_argument("--dir", help="package folder (default: build/gpu/fusion for CUDA, build/fusion-cpu for cpu)")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the result JSON")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the three levels")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per level per round")
     args = p.parse_args()
 
-    if args.build_gpu:
-        plan = compile_all(args.target or "cuda-sm90", GPU_DIR)
-        (GPU_DIR / "plan.json").write_text(json.dumps({"target": args.target or "cuda-sm90", "blocks": plan}, indent=1))
-        print(f"wrote {GPU_DIR}; run on the GPU machine: python3 benchmarks/fusion.py --run --out DIR")
-        return 0
-    if args.run:
-        plan = json.loads((GPU_DIR / "plan.json").read_text())
-        target, pkg_dir, name = plan["target"], GPU_DIR, "fusion-gpu.json"
-        plan = plan["blocks"]
-    else:
-        target, pkg_dir, name = args.target or "cpu", REPO / "build" / "fusion-cpu", "fusion-cpu.json"
-        plan = compile_all(target, pkg_dir)
+    pkg_dir = Path(args.dir) if args.dir else REPO / "build" / ("fusion-cpu" if args.target == "cpu" else "gpu/fusion")
+    if not args.run:
+        plan = {"target": args.target, "blocks": compile_all(args.target, pkg_dir)}
+        (pkg_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+        if args.build:
+            shown = pkg_dir.relative_to(REPO) if pkg_dir.is_relative_to(REPO) else pkg_dir
+            print(f"wrote {shown}; time them with: python3 benchmarks/fusion.py --run --dir {shown} --out DIR")
+            return 0
+    plan = json.loads((pkg_dir / "plan.json").read_text())
+    gpu = plan["target"] != "cpu"
     result = {
-        "benchmark": "fusion", "target": target, "machine": machine(target != "cpu"),
+        "benchmark": "fusion", "target": plan["target"], "machine": machine(gpu),
         "command": " ".join(["python", *sys.argv]), "rounds": args.rounds, "repeat": args.repeat,
         "levels": {"none": "no fusion: one kernel per op (--no-fusion)", "tvm": "TVM's FuseOps/FuseTIR only",
                    "tvmpipe": "tvmpipe graph passes + FuseOps/FuseTIR (default)"},
-        "blocks": measure(plan, pkg_dir, args.rounds, args.repeat),
+        "blocks": measure(plan["blocks"], pkg_dir, args.rounds, args.repeat),
     }
+    result["machine"]["load_average"] = os.getloadavg()  # other processes share this machine's cores
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    name = f"fusion-{'gpu' if gpu else 'cpu'}.json"
     (out / name).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {out / name}")
     return 0

@@ -71,20 +71,25 @@ def test_gemm_bias_activation_residual_is_one_kernel(capsys, tmp_path, rng, act)
     assert k["ops"][0] == "relax.matmul" and k["ops"][-1] == "relax.add" and k["saved_bytes"] > 0
 
 
-@pytest.mark.parametrize("producer", ["MatMul", "Conv-Relu", "ConvTranspose", "Gemm"])
-def test_batchnorm_folded(capsys, tmp_path, rng, producer):
-    """No BN kernel remains after any of these producers."""
+@pytest.mark.parametrize("producer,ops", [
+    ("MatMul", ["matmul", "add"]),  # BatchNorm1d after a Linear without bias: into the weight columns + a bias
+    ("Conv-Relu", ["nn.conv2d", "nn.relu", "multiply", "add"]),  # after the activation: a conv epilogue
+    ("ConvTranspose", ["nn.conv2d_transpose", "add"]),
+    ("Gemm", ["matmul", "add"]),
+])
+def test_batchnorm_folded(capsys, tmp_path, rng, producer, ops):
+    """No BN kernel remains after any of these producers: one kernel computing exactly ``ops``."""
     g = blocks.Graph()
-    if producer == "MatMul":  # BatchNorm1d after a Linear without bias: folded into the weight columns
+    if producer == "MatMul":
         y, ch = g.n("MatMul", [g.input("x", [4, 6]), g.w(6, 5)]), 5
     elif producer == "Gemm":
         y, ch = g.n("Gemm", [g.input("x", [4, 6]), g.w(6, 5), g.w(5, scale=0.1)]), 5
     elif producer == "ConvTranspose":
         y, ch = g.n("ConvTranspose", [g.input("x", [1, 4, 5, 5]), g.w(4, 3, 3, 3)], strides=[2, 2], group=1), 3
-    else:  # BN after the activation: becomes a multiply-add epilogue of the conv kernel
-        y, ch = g.n("Relu", [g.conv(g.input("x", [1, 3, 6, 6]), 3, 4, 3)]), 4
+    else:
+        y, ch = g.n("Relu", [g.conv(g.input("x", [1, 3, 6, 6]), 3, 4, 3, bias=False)]), 4
     (k,) = check(capsys, tmp_path, g.model([g.bn(y, ch)]), rng)
-    assert not any("batch_norm" in op for op in k["ops"]), k
+    assert k["ops"] == [f"relax.{op}" for op in ops], k
 
 
 def test_batchnorm_pass_folds_into_grouped_conv_transpose(rng):
@@ -115,6 +120,21 @@ def test_batchnorm_pass_folds_into_grouped_conv_transpose(rng):
         vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
         results.append(vm["main"](tvm.runtime.tensor(xs)).numpy())
     assert rel_err(results[1], results[0]) < 1e-5
+
+
+@pytest.mark.parametrize("square,affine", [("Pow", True), ("Mul", False)])
+def test_decomposed_layernorm_is_one_kernel(capsys, tmp_path, rng, square, affine):
+    """LayerNormalization as exporters below opset 17 write it: mean, sub, pow, mean, add eps, sqrt, div."""
+    g = blocks.Graph()
+    x = g.input("x", [2, 5, 16])
+    d = g.n("Sub", [x, g.n("ReduceMean", [x], axes=[-1], keepdims=1)])
+    sq = g.n("Pow", [d, g.c(np.float32(2))]) if square == "Pow" else g.n("Mul", [d, d])
+    var = g.n("ReduceMean", [sq], axes=[-1], keepdims=1)
+    y = g.n("Div", [d, g.n("Sqrt", [g.n("Add", [var, g.c(np.float32(1e-5))])])])
+    if affine:
+        y = g.n("Add", [g.n("Mul", [y, g.w(16)]), g.w(16)])
+    (k,) = check(capsys, tmp_path, g.model([y], opset=13), rng)
+    assert k["ops"] == ["relax.nn.layer_norm"], k
 
 
 # ---------------------------------------------------------------- layout

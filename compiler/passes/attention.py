@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .util import const_array, dtype, private, scalar, static_shape, users
+from .util import const_array, dtype, private, scalar, sole_producer, static_shape, users
 
 _SOFTMAX = is_op("relax.nn.softmax")(wildcard())
 _PATTERN = is_op("relax.matmul")(_SOFTMAX, wildcard())
@@ -42,12 +42,6 @@ class _Scores:
     masks: list[tuple[relax.Expr, float, tuple[int, ...]]] = field(default_factory=list)  # (mask, mult, shape)
 
 
-def _op(expr: relax.Expr, var2val: dict, uses) -> relax.Call | None:
-    """The op call that computes ``expr`` if only one op reads it (so rewriting it away is free)."""
-    value = var2val.get(expr) if private(expr, uses) else None
-    return value if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
-
-
 def _scaled(call: relax.Call) -> tuple[relax.Expr, float] | None:
     """``x * c``, ``c * x`` or ``x / c`` with a positive scalar constant ``c``: (x, the factor)."""
     if call.op.name not in ("relax.multiply", "relax.divide"):
@@ -61,7 +55,7 @@ def _scaled(call: relax.Call) -> tuple[relax.Expr, float] | None:
 
 def _scores(x: relax.Expr, mult: float, var2val: dict, uses) -> _Scores | None:
     """Walk back from the softmax input to the Q·Kᵀ matmul through scales and masks; None if it is not one."""
-    call = _op(x, var2val, uses)
+    call = sole_producer(x, var2val, uses)
     name = call.op.name if call is not None else ""
     if name == "relax.matmul":
         return _Scores(*call.args, scale=mult)
@@ -112,7 +106,7 @@ def _causal(mask: np.ndarray, sq: int, sk: int) -> str | None:
 def _peel_scale(x: relax.Expr, var2val: dict, uses) -> tuple[relax.Expr, float]:
     """A scalar scale on a matmul operand, possibly under transposes/reshapes (Keras scales Q before the
     head transpose): the operand without it (same shape) and the factor, which goes into the op's scale."""
-    call = _op(x, var2val, uses)
+    call = sole_producer(x, var2val, uses)
     if call is None:
         return x, 1.0
     if call.op.name in ("relax.permute_dims", "relax.reshape"):

@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
-from .util import const_array, dtype, private, users
+from .util import const_array, dtype, sole_producer, users
 
 _BN = is_op("relax.nn.batch_norm")(wildcard(), is_const(), is_const(), is_const(), is_const())
 _CONV = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
@@ -61,13 +61,12 @@ def _fold(item: relax.Expr, matches: dict, var2val: dict, uses) -> relax.Expr:
     t = (beta if attrs.center else 0.0) - mean * s
     dt = dtype(data)
 
-    producer, bias = var2val.get(data), np.zeros(1)
-    if isinstance(producer, relax.Call) and producer.op.name == "relax.add" and private(data, uses):
-        lhs, rhs = producer.args
-        lhs, c = (lhs, rhs) if const_array(rhs) is not None else (rhs, lhs)
-        if const_array(c) is not None and private(lhs, uses):
-            data, producer, bias = lhs, var2val.get(lhs), const_array(c).astype(np.float64)
-    if isinstance(producer, relax.Call) and isinstance(producer.op, tvm.ir.Op) and private(data, uses):
+    producer, bias = sole_producer(data, var2val, uses), np.zeros(1)
+    if producer is not None and producer.op.name == "relax.add":  # a bias add: fold through it
+        lhs, c = producer.args if const_array(producer.args[1]) is not None else producer.args[::-1]
+        if const_array(c) is not None:
+            producer, bias = sole_producer(lhs, var2val, uses), const_array(c).astype(np.float64)
+    if producer is not None:
         w = _scaled_weight(producer, s, axis)
         if w is not None:
             linear = relax.Call(producer.op, [producer.args[0], relax.const(w.astype(dt))], producer.attrs)

@@ -10,9 +10,8 @@ through scheduling and tuning:
   emitted directly, as it does for Clip);
 - ``tvmpipe.saved_bytes``: the bytes unfused kernels would move through memory for the tensors produced
   and consumed inside this kernel: one write plus one read per consuming op (reshape-like ops are views,
-  not round trips, and count nothing). An attention op counts the
-  score and probability matrices (``batch x heads x seq_q x seq_k`` each) that the unfused softmax
-  attention writes and reads back.
+  not round trips, and count nothing). An attention op counts the score and probability matrices
+  (``batch x heads x seq_q x seq_k`` each) that the unfused softmax attention writes and reads back.
 """
 
 from __future__ import annotations

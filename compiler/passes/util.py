@@ -55,3 +55,9 @@ def users(func: relax.Function) -> Counter:
 def private(var: relax.Expr, uses: Counter) -> bool:
     """True for an intermediate that only one op reads: rewriting its producer away changes nothing else."""
     return isinstance(var, relax.DataflowVar) and uses[var] == 1
+
+
+def sole_producer(var: relax.Expr, var2val: dict, uses: Counter) -> relax.Call | None:
+    """The op call that computes ``var``, if ``var`` is private: only then may a rewrite change or drop it."""
+    value = var2val.get(var) if private(var, uses) else None
+    return value if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
