@@ -6,9 +6,9 @@ during fusion, ``passes.kernels``), where its schedule came from, and two byte c
 
 - saved: the intermediate tensors produced and consumed inside the kernel, 1 write + 1 read per
   consuming op, that unfused kernels would move through memory (attention: its two score matrices);
-- scratch: global-memory buffers the kernel's code still allocates for its intermediates. Fusing puts
-  producer and consumer in one kernel; only a schedule that inlines them (registers, shared memory) makes
-  that traffic vanish, so saved minus scratch is what this build really keeps out of memory.
+- scratch: global-memory buffers the kernel's code still allocates for intermediates (padding copies
+  included). Fusing puts producer and consumer in one kernel; only a schedule that inlines them
+  (registers, shared memory) makes that traffic vanish: unscheduled CPU code still writes them all.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tvm import relax, tirx
 from . import frontend, passes, targets
 from .errors import TvmpipeError
 from .pipeline import Options, lower
+
 
 def _relax_ops(mod: tvm.IRModule) -> Counter:
     ops: Counter = Counter()
