@@ -65,7 +65,7 @@ def machine(gpu: bool) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        info["cpu"] = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
+        info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name"))
     except (OSError, subprocess.CalledProcessError, StopIteration):
         info["cpu"] = platform.processor()
     if gpu:
@@ -122,8 +122,10 @@ def measure(plan: list[dict], pkg_dir: Path, rounds: int, repeat: int) -> list[d
                 "runs": len(a), **errors(runners[lv](**inputs), ref),
             }
         for base in ("none", "tvm"):  # the minimum is the statistic least disturbed by other load on the machine
+            lv = row["levels"]
             row[f"speedup_tvmpipe_vs_{base}"] = {
-                stat: row["levels"][base][f"{stat}_ms"] / row["levels"]["tvmpipe"][f"{stat}_ms"] for stat in ("median", "min")}
+                stat: lv[base][f"{stat}_ms"] / lv["tvmpipe"][f"{stat}_ms"] for stat in ("median", "min")
+            }
         results.append(row)
         print_row(row)
     return results

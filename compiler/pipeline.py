@@ -20,7 +20,9 @@ class Options:
     extra: dict = field(default_factory=dict)
 
 
-def lower(imported: frontend.Imported, info: targets.TargetInfo, options: Options, observe=None):
+def lower(
+    imported: frontend.Imported, info: targets.TargetInfo, options: Options, observe: passes.Observer | None = None
+):
     """Passes, schedules and tuning (everything but the build): (module, pass names, {kernel: provenance})."""
     legalize = schedules.legalizations() if options.custom_schedules else {}
     mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion, legalize=legalize, observe=observe)

@@ -153,7 +153,8 @@ def format_text(report: dict) -> str:
     """The report for a terminal."""
     t = report["totals"]
     lines = [
-        f"model    {report['model']} for {report['target']['name']} ({report['target']['summary']}), fusion: {report['fusion']}",
+        f"model    {report['model']} for {report['target']['name']} ({report['target']['summary']}), "
+        f"fusion: {report['fusion']}",
         f"onnx     {report['onnx_nodes']} nodes: " + ", ".join(f"{op} {n}" for op, n in report["onnx_ops"].items()),
         f"relax    {report['relax_ops_after_import']} ops after import",
     ]
@@ -164,7 +165,8 @@ def format_text(report: dict) -> str:
     head = ("#", "kernel", "schedule", "saved", "scratch", "ops")
     widths = [max(len(r[c]) for r in [head, *rows]) for c in range(5)]
     for r in [head, *rows]:
-        lines.append("  " + "  ".join(f"{v:>{w}}" if c in (0, 3, 4) else f"{v:<{w}}" for c, (v, w) in enumerate(zip(r, widths))) + f"  {r[5]}")
+        cells = (f"{v:>{w}}" if c in (0, 3, 4) else f"{v:<{w}}" for c, (v, w) in enumerate(zip(r, widths)))
+        lines.append("  " + "  ".join(cells) + f"  {r[5]}")
     lines += [
         f"total    {_size(t['saved_bytes'])} of intermediate traffic kept inside fused kernels; the kernels still "
         f"allocate {_size(t['scratch_bytes'])} of global scratch",
