@@ -62,7 +62,8 @@ def inputs_for(manifest: dict, seed: int) -> dict[str, np.ndarray]:
 
 
 def machine(gpu: bool) -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "load_average_at_start": os.getloadavg()}  # other processes may share this machine's cores
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name"))
@@ -162,7 +163,10 @@ def main() -> int:
 
     pkg_dir = Path(args.dir) if args.dir else REPO / "build" / ("fusion-cpu" if args.target == "cpu" else "gpu/fusion")
     if not args.run:
-        plan = {"target": args.target, "blocks": compile_all(args.target, pkg_dir)}
+        from compiler.targets import resolve
+
+        plan = {"target": args.target, "target_summary": resolve(args.target).isa_summary(),
+                "blocks": compile_all(args.target, pkg_dir)}
         (pkg_dir / "plan.json").write_text(json.dumps(plan, indent=1))
         if args.build:
             shown = pkg_dir.relative_to(REPO) if pkg_dir.is_relative_to(REPO) else pkg_dir
@@ -171,13 +175,14 @@ def main() -> int:
     plan = json.loads((pkg_dir / "plan.json").read_text())
     gpu = plan["target"] != "cpu"
     result = {
-        "benchmark": "fusion", "target": plan["target"], "machine": machine(gpu),
+        "benchmark": "fusion", "target": plan["target"], "target_summary": plan["target_summary"],
+        "machine": machine(gpu),
         "command": " ".join(["python", *sys.argv]), "rounds": args.rounds, "repeat": args.repeat,
         "levels": {"none": "no fusion: one kernel per op (--no-fusion)", "tvm": "TVM's FuseOps/FuseTIR only",
                    "tvmpipe": "tvmpipe graph passes + FuseOps/FuseTIR (default)"},
         "blocks": measure(plan["blocks"], pkg_dir, args.rounds, args.repeat),
     }
-    result["machine"]["load_average"] = os.getloadavg()  # other processes share this machine's cores
+    result["machine"]["load_average_at_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"fusion-{'gpu' if gpu else 'cpu'}.json"
