@@ -83,7 +83,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plugins = [load_plugin(p) for p in args.plugin or []]
     manifest, out, secs = _compile(
         args.model, args.target, args.output, _shapes(args.input_shape),
-        fusion=not args.no_fusion, custom_schedules=not args.no_custom_schedules,
+        fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules,
         extra={"plugins": plugins} if plugins else {},
     )
     gpu = manifest.get("gpu_code")
@@ -92,6 +92,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         f"compiled {args.model} for {manifest['target']['name']} ({manifest['target']['summary']}) -> {out}: "
         f"{len(manifest['kernels'])} kernels, {_human_bytes(out.stat().st_size)}{extra}, {secs:.1f} s"
     )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .report import format_text, inspect_model
+
+    report = inspect_model(args.model, args.target, _shapes(args.input_shape),
+                           fusion="none" if args.no_fusion else "tvmpipe", dump_dir=args.dump_ir)
+    print(json.dumps(report) if args.json else format_text(report))
     return 0
 
 
@@ -188,11 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
                    help="static shape for an input (repeat per input)")
     s.add_argument("-o", "--output", help="package path (default: MODEL-TARGET.tvmpkg)")
-    s.add_argument("--no-fusion", action="store_true", help="skip tvmpipe's graph passes (TVM defaults only)")
+    s.add_argument("--no-fusion", action="store_true", help="no fusion at all: one kernel per op (for comparison)")
     s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
     s.add_argument("--plugin", action="append", metavar="FILE.py",
                    help="import a plug-in that registers custom ops (compiler.register_op); repeatable")
     s.set_defaults(func=cmd_compile)
+
+    s = sub.add_parser("inspect", parents=[common], help="show the kernels after fusion, their ops and the bytes saved")
+    s.add_argument("model")
+    s.add_argument("--target", "-t", required=True, help="target name (tvmpipe targets) or a target .json")
+    s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
+                   help="static shape for an input (repeat per input)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--no-fusion", action="store_true", help="as compile --no-fusion: one kernel per op")
+    s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
+    s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("run", parents=[common], help="run a package on inputs from an .npz file")
     s.add_argument("package")

@@ -15,9 +15,20 @@ from .version import PACKAGE_FORMAT, __version__
 class Options:
     """Switches a user can flip from the CLI, each recorded in the manifest."""
 
-    fusion: bool = True
+    fusion: str = "tvmpipe"  # passes.FUSION_LEVELS; --no-fusion is "none"
     custom_schedules: bool = True
     extra: dict = field(default_factory=dict)
+
+
+def lower(
+    imported: frontend.Imported, info: targets.TargetInfo, options: Options, observe: passes.Observer | None = None
+):
+    """Passes, schedules and tuning (everything but the build): (module, pass names, {kernel: provenance})."""
+    legalize = schedules.legalizations() if options.custom_schedules else {}
+    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion, legalize=legalize, observe=observe)
+    mod, hand = schedules.apply(mod, info, enabled=options.custom_schedules)
+    mod, provenance = tuning.apply(mod, info)
+    return mod, pass_names, {**{k: f"hand:{v}" for k, v in hand.items()}, **provenance}
 
 
 def compile_model(
@@ -33,11 +44,7 @@ def compile_model(
     options = options or Options()
     info = targets.resolve(target)
     imported = frontend.load(model, shapes)
-    legalize = schedules.legalizations() if options.custom_schedules else {}
-    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion, legalize=legalize)
-    mod, hand = schedules.apply(mod, info, enabled=options.custom_schedules)
-    mod, provenance = tuning.apply(mod, info)
-    kernels = {**{k: f"hand:{v}" for k, v in hand.items()}, **provenance}
+    mod, pass_names, kernels = lower(imported, info, options)
     built = build(mod, info)
     manifest = {
         "format": "tvmpipe-package",

@@ -1,44 +1,97 @@
 """Graph stage: Relax graph passes, then legalisation to TIR and kernel fusion.
 
-``optimize(mod, target, fusion=True, legalize={})`` returns a module whose Relax ``main`` calls fused
-PrimFuncs (one per kernel), plus the names of the passes applied (recorded in the package manifest).
-``fusion=False`` (``--no-fusion``) keeps TVM's own lowering, for comparison. ``legalize`` maps Relax op
-names to custom legalisations (``schedules.LEGALIZE``: ops whose kernels we hand-write get a canonical
-PrimFunc there); the pipeline passes it in, so this stage never imports the schedules.
+``optimize(mod, target, fusion=..., legalize={})`` returns a module whose Relax ``main`` calls one PrimFunc
+per kernel, each tagged with the Relax ops it computes (``kernels``), plus the names of the steps applied
+(recorded in the package manifest). ``legalize`` maps Relax op names to custom legalisations
+(``schedules.LEGALIZE``); the pipeline passes it in, so this stage never imports the schedules.
+
+Fusion levels, so that what fusion buys can be measured side by side (``benchmarks/fusion.py``):
+
+- ``"tvmpipe"`` (default): our graph passes (``GRAPH_PASSES``: constant folding, BatchNorm folding,
+  LayerNorm and attention recognition, transpose cancellation), then TVM's lowering with FuseOps + FuseTIR.
+- ``"tvm"``: TVM's stock lowering only (LegalizeOps + FuseOps + FuseTIR), what ``tvm.compile`` does.
+- ``"none"`` (``--no-fusion``): no fusion at all, ours or TVM's: every Relax op left after import is a
+  kernel of its own and every intermediate tensor goes through memory. (Import itself already folds BN
+  that directly follows a Conv/Gemm, in the frontend's ONNX cleaning, at every level.)
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
 
 from ..targets import TargetInfo
+from .attention import FuseAttention
+from .fold_batchnorm import FoldBatchNorm
+from .kernels import OPS_ATTR, SAVED_ATTR, KernelRecorder
+from .layernorm import FuseLayerNorm
+from .layout import SimplifyLayout
 
-# tvmpipe's own graph passes, applied before lowering when fusion is on: (name, pass factory).
-GRAPH_PASSES: list[tuple[str, object]] = [
+__all__ = ["FUSION_LEVELS", "GRAPH_PASSES", "OPS_ATTR", "SAVED_ATTR", "optimize"]
+
+FUSION_LEVELS = ("tvmpipe", "tvm", "none")
+
+# tvmpipe's own graph passes, applied before lowering at fusion level "tvmpipe": (name, pass factory).
+GRAPH_PASSES: list[tuple[str, Callable]] = [
+    ("FoldConstant", relax.transform.FoldConstant),
+    ("DeadCodeElimination", relax.transform.DeadCodeElimination),
+    ("FoldBatchNorm", FoldBatchNorm),
+    ("FuseLayerNorm", FuseLayerNorm),
+    ("SimplifyLayout", SimplifyLayout),
+    ("FuseAttention", FuseAttention),
+    ("SimplifyLayout", SimplifyLayout),  # the transposes around the attention op cancel the exporter's
+    ("RemoveRedundantReshape", relax.transform.RemoveRedundantReshape),
     ("FoldConstant", relax.transform.FoldConstant),
     ("DeadCodeElimination", relax.transform.DeadCodeElimination),
 ]
 
-# TVM's lowering to TIR and its fuser: always applied (they are also what TVM's default pipeline does).
-LOWERING: list[tuple[str, object]] = [
-    ("DispatchSampling", relax.backend.DispatchSampling),
-    ("DispatchSortScan", relax.backend.DispatchSortScan),
-    ("LegalizeOps", relax.transform.LegalizeOps),
-    ("AnnotateTIROpPattern", relax.transform.AnnotateTIROpPattern),
-    ("FoldConstant", relax.transform.FoldConstant),
-    ("FuseOps", relax.transform.FuseOps),
-    ("FuseTIR", relax.transform.FuseTIR),
-    ("DeadCodeElimination", relax.transform.DeadCodeElimination),
-]
+Observer = Callable[[str, tvm.IRModule], None]
+
+
+def _lowering(fusion: str, recorder: KernelRecorder) -> list[tuple[str, Callable]]:
+    """TVM's lowering to TIR (what its default CPU/GPU pipelines do), with FuseOps unless fusion is off."""
+    steps = [
+        ("DispatchSampling", relax.backend.DispatchSampling()),
+        ("DispatchSortScan", relax.backend.DispatchSortScan()),
+        ("LegalizeOps", recorder.legalize),
+        ("AnnotateTIROpPattern", relax.transform.AnnotateTIROpPattern()),
+        ("FoldConstant", relax.transform.FoldConstant()),
+    ]
+    if fusion != "none":
+        steps += [
+            ("FuseOps", lambda m: recorder.record_groups(relax.transform.FuseOps()(m))),
+            ("FuseTIR", relax.transform.FuseTIR()),
+        ]
+    return steps + [
+        ("TagKernels", recorder.tag),
+        ("DeadCodeElimination", relax.transform.DeadCodeElimination()),
+        # Kernels that only reshape become views here (the build would do it too): what is left is what runs.
+        ("RewriteDataflowReshape", relax.transform.RewriteDataflowReshape()),
+        ("DeadCodeElimination", relax.transform.DeadCodeElimination()),
+    ]
 
 
 def optimize(
-    mod: tvm.IRModule, target: TargetInfo, *, fusion: bool = True, legalize: dict | None = None
+    mod: tvm.IRModule,
+    target: TargetInfo,
+    *,
+    fusion: str = "tvmpipe",
+    legalize: dict | None = None,
+    observe: Observer | None = None,
 ) -> tuple[tvm.IRModule, list[str]]:
-    """Apply the graph passes (if ``fusion``) and the lowering; return the module and pass names."""
-    steps = (GRAPH_PASSES if fusion else []) + LOWERING
+    """Apply the graph passes (at level "tvmpipe") and the lowering; return the module and step names.
+
+    ``observe(step_name, mod)`` is called with the module after every step (``--dump-ir``, ``inspect``).
+    """
+    if fusion not in FUSION_LEVELS:
+        raise ValueError(f"fusion level {fusion!r} is not one of {FUSION_LEVELS}")
+    graph = [(name, make()) for name, make in GRAPH_PASSES] if fusion == "tvmpipe" else []
+    steps = graph + _lowering(fusion, KernelRecorder(dict(legalize or {})))
     with target.target:
-        for name, make in steps:
-            mod = make(customize_legalize_map=legalize or None)(mod) if name == "LegalizeOps" else make()(mod)
+        for name, step in steps:
+            mod = step(mod)
+            if observe is not None:
+                observe(name, mod)
     return mod, [name for name, _ in steps]

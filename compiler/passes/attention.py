@@ -1,0 +1,199 @@
+"""FuseAttention: the exported scaled-dot-product attention subgraph becomes ONE ``relax.nn.attention`` op.
+
+Exporters write attention as ``MatMul(Q, Kᵀ) -> Mul/Div by a scale -> (Add mask | Where mask) -> Softmax
+-> MatMul(·, V)``, with the scale anywhere on that path or on Q and Kᵀ (PyTorch's SDPA export scales both
+by sqrt(scale)), heads split by Reshape/Transpose, ``[batch, heads, seq, dim]`` (4-D) or
+``[batch*heads, seq, dim]`` (3-D) operands and additive masks that may come from an input or be a constant.
+Unfused, that is five kernels and four ``seq_q x seq_k`` score tensors written and read back per head;
+as one op it is one kernel that can keep the scores on chip (the flash-attention schedule).
+
+The op takes BSNH operands ``[batch, seq, heads, dim]``: the transposes we insert around it cancel with the
+exporter's head-split transposes in ``SimplifyLayout``. A constant mask that is exactly causal (0 where key
+``j <= i + offset``, <= -1e4 or -inf elsewhere, or a boolean ``Where`` of that shape) becomes
+``causal_mask="TopLeft"`` (offset 0) or ``"BottomRight"`` (offset ``seq_k - seq_q`` > 0, TVM's definition),
+anything else the ``bias`` (4-D, broadcast to ``[batch, heads, seq_q, seq_k]``). Masks whose masked value
+is finite but <= -1e4 give weights that are exactly 0 in float32 either way, so causal_mask is exact too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+from .util import const_array, dtype, private, scalar, sole_producer, static_shape, users
+
+_SOFTMAX = is_op("relax.nn.softmax")(wildcard())
+_PATTERN = is_op("relax.matmul")(_SOFTMAX, wildcard())
+_MASKED = -1e4  # additive values at or below this give exp(.) == 0 in float32: a masked position
+
+
+@dataclass
+class _Scores:
+    """What feeds the softmax: ``scale * q @ kt + sum(multiplier * mask)``."""
+
+    q: relax.Expr
+    kt: relax.Expr
+    scale: float
+    masks: list[tuple[relax.Expr, float, tuple[int, ...]]] = field(default_factory=list)  # (mask, mult, shape)
+
+
+def _scaled(call: relax.Call) -> tuple[relax.Expr, float] | None:
+    """``x * c``, ``c * x`` or ``x / c`` with a positive scalar constant ``c``: (x, the factor)."""
+    if call.op.name not in ("relax.multiply", "relax.divide"):
+        return None
+    a, b = call.args
+    if call.op.name == "relax.multiply" and scalar(a) is not None:
+        a, b = b, a
+    c = scalar(b)
+    return None if c is None or c <= 0 else (a, c if call.op.name == "relax.multiply" else 1 / c)
+
+
+def _scores(x: relax.Expr, mult: float, var2val: dict, uses) -> _Scores | None:
+    """Walk back from the softmax input to the Q·Kᵀ matmul through scales and masks; None if it is not one."""
+    call = sole_producer(x, var2val, uses)
+    name = call.op.name if call is not None else ""
+    if name == "relax.matmul":
+        return _Scores(*call.args, scale=mult)
+    if scaled := call is not None and _scaled(call):
+        return _scores(scaled[0], mult * scaled[1], var2val, uses)
+    if name == "relax.add":
+        for s, mask in (call.args, call.args[::-1]):
+            found = _scores(s, mult, var2val, uses)
+            if found is not None:
+                found.masks.append((mask, mult, static_shape(mask)))
+                return found
+    if name == "relax.where":
+        cond, a, b = call.args
+        for s, fill, keep in ((a, b, True), (b, a, False)):
+            f = scalar(fill)
+            found = _scores(s, mult, var2val, uses) if f is not None and f <= _MASKED else None
+            if found is not None:
+                found.masks.append((_where_mask(cond, keep, f, dtype(fill)), mult, static_shape(cond)))
+                return found
+    return None
+
+
+def _where_mask(cond: relax.Expr, keep: bool, fill: float, dt: str) -> relax.Expr:
+    """``where(cond, scores, fill)`` as an additive mask: 0 where the score is kept, ``fill`` elsewhere."""
+    c = const_array(cond)
+    if c is not None:
+        return relax.const(np.where(c.astype(bool) == keep, 0.0, fill).astype(dt))
+    zero, masked = relax.const(0.0, dt), relax.const(fill, dt)
+    return relax.op.where(cond, *((zero, masked) if keep else (masked, zero)))
+
+
+def _causal(mask: np.ndarray, sq: int, sk: int) -> str | None:
+    """'TopLeft'/'BottomRight' if the constant additive mask is exactly causal, '' if it masks nothing."""
+    rows = np.broadcast_to(mask, (*mask.shape[:-2], sq, sk)).reshape(-1, sq, sk)
+    if not (rows == rows[:1]).all():
+        return None
+    allowed = rows[0] == 0
+    if not (allowed | (rows[0] <= _MASKED)).all():
+        return None
+    if allowed.all():
+        return ""
+    for offset, name in ((0, "TopLeft"), (sk - sq, "BottomRight")):
+        if offset >= 0 and (allowed == np.tril(np.ones((sq, sk), bool), offset)).all():
+            return name
+    return None
+
+
+def _peel_scale(x: relax.Expr, var2val: dict, uses) -> tuple[relax.Expr, float]:
+    """A scalar scale on a matmul operand, possibly under transposes/reshapes (Keras scales Q before the
+    head transpose): the operand without it (same shape) and the factor, which goes into the op's scale."""
+    call = sole_producer(x, var2val, uses)
+    if call is None:
+        return x, 1.0
+    if call.op.name in ("relax.permute_dims", "relax.reshape"):
+        inner, c = _peel_scale(call.args[0], var2val, uses)
+        return (x, 1.0) if c == 1.0 else (relax.Call(call.op, [inner, *call.args[1:]], call.attrs), c)
+    return _scaled(call) or (x, 1.0)
+
+
+def _bias(found: _Scores, sq: int, sk: int, dt: str) -> tuple[relax.Expr | None, tuple[int, ...], str | None]:
+    """Split the masks into one additive bias (or None), its shape, and a causal_mask (or None)."""
+    consts = [const_array(m).astype(np.float64) * k for m, k, _ in found.masks if isinstance(m, tvm.ir.GenericConst)]
+    terms = [(m if k == 1 else relax.op.multiply(m, relax.const(k, dt)), shape)
+             for m, k, shape in found.masks if not isinstance(m, tvm.ir.GenericConst)]
+    causal = None
+    if consts:
+        total = sum(consts[1:], consts[0])
+        causal = _causal(total, sq, sk)
+        if causal is None:
+            terms.append((relax.const(np.maximum(total, np.finfo(dt).min).astype(dt)), total.shape))
+    if not terms:
+        return None, (), causal or None
+    bias = terms[0][0]
+    for t, _ in terms[1:]:
+        bias = relax.op.add(bias, t)
+    return bias, np.broadcast_shapes(*(shape for _, shape in terms)), causal or None
+
+
+def _is_transpose(x: relax.Expr, axes: list[int], var2val: dict) -> bool:
+    value = x if isinstance(x, relax.Call) else var2val.get(x)
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.permute_dims"
+            and value.attrs.axes is not None and [int(a) for a in value.attrs.axes] == axes)
+
+
+def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr], relax.Expr | None, Callable]:
+    """Q, K, V and the bias in the op's layout, and how to bring its output back to the graph's layout.
+
+    4-D ``[b, h, s, d]``: transposes, which cancel with the exporter's head transposes. 3-D ``[n, s, d]``
+    that is the transpose of ``[s, n, d]`` (sequence-first exports): batch 1 with n heads; other 3-D:
+    batch n with one head. Either way the 3-D operands need only reshapes (views)."""
+    (*lead, sq, d), (*_, sk), (*_, dv) = shapes
+    op = relax.op
+    b4 = (1,) * (len(lead) + 2 - len(bshape)) + tuple(bshape)  # the bias with the scores' rank
+    if len(lead) == 2:
+        ops = [op.permute_dims(q, [0, 2, 1, 3]), op.permute_dims(kt, [0, 3, 1, 2]), op.permute_dims(v, [0, 2, 1, 3])]
+        if bias is not None and len(bshape) < 4:
+            bias = op.reshape(bias, list(b4))
+        return ops, bias, lambda o: op.permute_dims(o, [0, 2, 1, 3])
+    n = lead[0]
+    if _is_transpose(q, [1, 0, 2], var2val):
+        ops = [op.reshape(op.permute_dims(q, [1, 0, 2]), [1, sq, n, d]),
+               op.reshape(op.permute_dims(kt, [2, 0, 1]), [1, sk, n, d]),
+               op.reshape(op.permute_dims(v, [1, 0, 2]), [1, sk, n, dv])]
+        bias = None if bias is None else op.reshape(bias, [1, *b4])
+        return ops, bias, lambda o: op.permute_dims(op.reshape(o, [sq, n, dv]), [1, 0, 2])
+    ops = [op.reshape(q, [n, sq, 1, d]), op.reshape(op.permute_dims(kt, [0, 2, 1]), [n, sk, 1, d]),
+           op.reshape(v, [n, sk, 1, dv])]
+    bias = None if bias is None else op.reshape(bias, [b4[0], 1, *b4[1:]])
+    return ops, bias, lambda o: op.reshape(o, [n, sq, dv])
+
+
+def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
+    softmax, v = matches[_SOFTMAX], out.args[1]
+    rank = out.ty.ndim
+    if rank not in (3, 4) or int(softmax.attrs.axis) % rank != rank - 1 or not private(out.args[0], uses):
+        return out
+    found = _scores(softmax.args[0], 1.0, var2val, uses)
+    if found is None:
+        return out
+    (q, qs), (kt, ks) = _peel_scale(found.q, var2val, uses), _peel_scale(found.kt, var2val, uses)
+    shapes = [static_shape(e) for e in (found.q, found.kt, v, softmax.args[0])]
+    if any(s is None or len(s) != rank for s in shapes):
+        return out
+    (*lead, sq, _), (*klead, _, sk), (*vlead, _, _) = shapes[:3]
+    # Same batch for Q, K, V; K/V heads equal to Q's or one head shared by all (multi-query).
+    if shapes[3] != (*lead, sq, sk) or klead != vlead or klead[0] != lead[0] or klead[1:] not in ([], lead[1:], [1]):
+        return out
+    bias, bshape, causal = _bias(found, sq, sk, dtype(out))
+    if bias is not None and bshape[-1] != sk:
+        return out
+    (qb, kb, vb), bias, back = _to_bsnh(q, kt, v, bias, bshape, shapes[:3], var2val)
+    if klead[1:] != lead[1:]:  # the op wants as many K/V heads as query heads
+        kb, vb = relax.op.repeat(kb, lead[1], axis=2), relax.op.repeat(vb, lead[1], axis=2)
+    return back(relax.op.nn.attention(qb, kb, vb, bias, scale=found.scale * qs * ks, causal_mask=causal))
+
+
+@relax.transform.function_pass(opt_level=0, name="FuseAttention")
+class FuseAttention:
+    def transform_function(self, func: relax.Function, mod: tvm.IRModule, ctx) -> relax.Function:
+        var2val, uses = relax.analysis.get_var2val(func), users(func)
+        return rewrite_call(_PATTERN, lambda e, m: _fuse(e, m, var2val, uses), func)

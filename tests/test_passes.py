@@ -1,0 +1,237 @@
+"""Graph passes and fusion, per pattern: a structural check (what the kernels compute, via ``tvmpipe
+inspect --json``) and the numbers vs onnxruntime on random inputs."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from helpers import compile_and_compare, make_model, rel_err, run_cli, save
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "models"))
+import fusion_blocks as blocks  # noqa: E402
+
+F = TP.FLOAT
+
+
+def kernels(capsys, path: Path, *args: str) -> list[dict]:
+    r = run_cli(capsys, "inspect", path, "--target", "cpu", "--json", *args)
+    assert r.code == 0, r.err
+    return json.loads(r.out)["kernels"]
+
+
+def random_inputs(model, rng) -> dict[str, np.ndarray]:
+    """Gaussian floats; masks (inputs named mask*) of 0/1 that never mask a whole row (key 0 always kept)."""
+    out = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.name.startswith("mask"):
+            m = (rng.random(shape) < 0.7).astype(np.float32)
+            m[..., 0] = 1
+            out[vi.name] = m
+        else:
+            out[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def check(capsys, tmp_path, model, rng, tol=1e-5) -> list[dict]:
+    """Numerics vs onnxruntime through compile/run, then the kernels inspect reports."""
+    inputs = random_inputs(model, rng)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    for name in ref:
+        assert rel_err(ours[name], ref[name]) < tol, name
+    return kernels(capsys, tmp_path / "model.onnx")
+
+
+# ---------------------------------------------------------------- conv/matmul + bias + activation + residual
+
+
+# How the Relax frontend writes each activation (Clip arrives as TIR max/min, HardSwish as x*clip(x+3)/6).
+ACTIVATION_OPS = {
+    "Relu": ["nn.relu"], "Relu6": ["tir.maximum", "tir.minimum"], "Sigmoid": ["sigmoid"],
+    "HardSigmoid": ["multiply", "add", "clip"], "HardSwish": ["add", "clip", "divide", "multiply"],
+    "Gelu": ["nn.gelu"], "Silu": ["sigmoid", "multiply"], "LeakyRelu": ["nn.leakyrelu"],
+}
+
+
+def _ops(*names: str) -> list[str]:
+    return [n if n.startswith("tir.") else f"relax.{n}" for n in names]
+
+
+@pytest.mark.parametrize("act", blocks.ACTIVATIONS)
+def test_conv_bn_activation_residual_is_two_kernels(capsys, tmp_path, rng, act):
+    """Conv3x3+BN+act, then Conv1x1+BN+residual Add: one kernel each, BN folded into the conv weights."""
+    ks = check(capsys, tmp_path, blocks.conv_bn_act(act), rng)
+    assert [k["ops"] for k in ks] == [_ops("nn.conv2d", "add", *ACTIVATION_OPS[act]), _ops("nn.conv2d", "add", "add")]
+
+
+@pytest.mark.parametrize("act", blocks.ACTIVATIONS)
+def test_gemm_bias_activation_residual_is_one_kernel(capsys, tmp_path, rng, act):
+    g = blocks.Graph()
+    x = g.input("x", [3, 7])
+    y = g.n("Gemm", [x, g.w(7, 7), g.w(7, scale=0.1)], transB=1)
+    (k,) = check(capsys, tmp_path, g.model([g.n("Add", [g.act(y, act), x])], opset=20), rng)
+    assert k["ops"] == _ops("matmul", "add", *ACTIVATION_OPS[act], "add") and k["saved_bytes"] > 0
+
+
+@pytest.mark.parametrize("producer,ops", [
+    ("MatMul", ["matmul", "add"]),  # BatchNorm1d after a Linear without bias: into the weight columns + a bias
+    ("Conv-Relu", ["nn.conv2d", "nn.relu", "multiply", "add"]),  # after the activation: a conv epilogue
+    ("ConvTranspose", ["nn.conv2d_transpose", "add"]),
+    ("Gemm", ["matmul", "add"]),
+])
+def test_batchnorm_folded(capsys, tmp_path, rng, producer, ops):
+    """No BN kernel remains after any of these producers: one kernel computing exactly ``ops``."""
+    g = blocks.Graph()
+    if producer == "MatMul":
+        y, ch = g.n("MatMul", [g.input("x", [4, 6]), g.w(6, 5)]), 5
+    elif producer == "Gemm":
+        y, ch = g.n("Gemm", [g.input("x", [4, 6]), g.w(6, 5), g.w(5, scale=0.1)]), 5
+    elif producer == "ConvTranspose":
+        y, ch = g.n("ConvTranspose", [g.input("x", [1, 4, 5, 5]), g.w(4, 3, 3, 3)], strides=[2, 2], group=1), 3
+    else:
+        y, ch = g.n("Relu", [g.conv(g.input("x", [1, 3, 6, 6]), 3, 4, 3, bias=False)]), 4
+    (k,) = check(capsys, tmp_path, g.model([g.bn(y, ch)]), rng)
+    assert k["ops"] == _ops(*ops), k
+
+
+def test_batchnorm_pass_folds_into_grouped_conv_transpose(rng):
+    """The Relax pass itself (the ONNX cleaning folds this case before it): weights scaled group by group."""
+    import tvm
+    from tvm import relax
+
+    from compiler.passes.fold_batchnorm import FoldBatchNorm
+
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)  # 2 groups x 2 in -> 6 out channels
+    gamma, beta, mean = (rng.standard_normal(6).astype(np.float32) for _ in range(3))
+    var = (rng.random(6) + 0.5).astype(np.float32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 5, 5], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d_transpose(x, relax.const(w), groups=2))
+            bn = bb.emit(relax.op.nn.batch_norm(y, *(relax.const(a) for a in (gamma, beta, mean, var)), axis=1,
+                                                training=False))
+            out = bb.emit_output(relax.TupleGetItem(bn, 0))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = FoldBatchNorm()(before)
+    assert "batch_norm" not in after.script()
+    xs = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    results = []
+    for mod in (before, after):
+        vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+        results.append(vm["main"](tvm.runtime.tensor(xs)).numpy())
+    assert rel_err(results[1], results[0]) < 1e-5
+
+
+@pytest.mark.parametrize("square,affine", [("Pow", True), ("Mul", False)])
+def test_decomposed_layernorm_is_one_kernel(capsys, tmp_path, rng, square, affine):
+    """LayerNormalization as exporters below opset 17 write it: mean, sub, pow, mean, add eps, sqrt, div."""
+    g = blocks.Graph()
+    x = g.input("x", [2, 5, 16])
+    d = g.n("Sub", [x, g.n("ReduceMean", [x], axes=[-1], keepdims=1)])
+    sq = g.n("Pow", [d, g.c(np.float32(2))]) if square == "Pow" else g.n("Mul", [d, d])
+    var = g.n("ReduceMean", [sq], axes=[-1], keepdims=1)
+    y = g.n("Div", [d, g.n("Sqrt", [g.n("Add", [var, g.c(np.float32(1e-5))])])])
+    if affine:
+        y = g.n("Add", [g.n("Mul", [y, g.w(16)]), g.w(16)])
+    (k,) = check(capsys, tmp_path, g.model([y], opset=13), rng)
+    assert k["ops"] == ["relax.nn.layer_norm"], k
+
+
+# ---------------------------------------------------------------- layout
+
+
+def test_transpose_pairs_and_unit_axis_transposes_vanish(capsys, tmp_path, rng):
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["a"], ["b"], perm=[0, 3, 1, 2]),  # undoes the first
+        helper.make_node("Relu", ["b"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[1, 0, 2, 3]),  # moves only a size-1 axis: a view
+    ]
+    model = make_model(nodes, [("x", F, [1, 3, 4, 5])], [("y", F, [3, 1, 4, 5])])
+    (k,) = check(capsys, tmp_path, model, rng)
+    assert k["ops"][0] == "relax.nn.relu" and "relax.permute_dims" not in k["ops"]
+
+
+# ---------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("layout,sk,op,causal", [
+    ("bert", None, "relax.nn.attention_bias", None),
+    ("sdpa_causal", None, "relax.nn.attention", "TopLeft"),
+    ("sdpa_causal", 8, "relax.nn.attention", "BottomRight"),
+    ("gpt2", None, "relax.nn.attention_bias", "TopLeft"),
+    ("keras", None, "relax.nn.attention_bias", None),
+    ("mha", 7, "relax.nn.attention", None),
+])
+def test_attention_recognised(capsys, tmp_path, rng, layout, sk, op, causal):
+    """Each exporter layout becomes ONE attention kernel, with no softmax or head transpose left over."""
+    model = blocks.attention(layout, sk=sk)
+    ks = check(capsys, tmp_path, model, rng)
+    ops = [op for k in ks for op in k["ops"]]
+    assert ops.count(op) == 1 and "relax.nn.softmax" not in ops and "relax.permute_dims" not in ops, ks
+    mask_kernel = layout in ("bert", "gpt2", "keras")  # computes the additive mask from the mask input
+    assert len(ks) == 5 + mask_kernel, ks  # Q, K, V projections, attention, output projection
+    r = run_cli(capsys, "inspect", tmp_path / "model.onnx", "--target", "cpu", "--dump-ir", tmp_path / "ir")
+    assert r.code == 0, r.err
+    fused = (next((tmp_path / "ir").glob("*-FuseAttention.py"))).read_text()
+    assert (f'causal_mask="{causal}"' if causal else "causal_mask=None") in fused
+
+
+def test_attention_output_used_elsewhere_is_left_alone(capsys, tmp_path, rng):
+    """If the probabilities are also a model output, fusing would compute them twice: keep the graph."""
+    g = blocks.Graph()
+    q, k, v = (g.input(n, [2, 3, 4, 5]) for n in "qkv")
+    p = g.n("Softmax", [g.n("MatMul", [q, g.n("Transpose", [k], perm=[0, 1, 3, 2])])], axis=-1)
+    model = g.model([g.n("MatMul", [p, v]), p])
+    ks = check(capsys, tmp_path, model, rng)
+    assert not any("attention" in op for k in ks for op in k["ops"])
+
+
+# ---------------------------------------------------------------- ONNX Attention (opset 23)
+
+
+def onnx_attention(q_shape, kv_shapes, mask=None, past=None, outputs=1, **attrs):
+    names = ["q", "k", "v", "mask" if mask else "", "past_k" if past else "", "past_v" if past else ""]
+    while not names[-1]:
+        names.pop()
+    out_names = ["y", "present_k", "present_v"][:outputs]
+    node = helper.make_node("Attention", names, out_names, **attrs)
+    ins = [("q", F, q_shape), ("k", F, kv_shapes[0]), ("v", F, kv_shapes[1])]
+    ins += [("mask", mask[0], mask[1])] if mask else []
+    ins += [("past_k", F, past[0]), ("past_v", F, past[1])] if past else []
+    import onnx
+
+    return onnx.shape_inference.infer_shapes(make_model([node], ins, [(n, F, None) for n in out_names], opset=23))
+
+
+@pytest.mark.parametrize("case", ["3d_gqa_bool_mask", "4d_causal_scale", "4d_past_causal"])
+def test_onnx_attention_op(capsys, tmp_path, rng, case):
+    if case == "3d_gqa_bool_mask":  # 4 query heads share 2 K/V heads; boolean [seq_q, seq_k] mask
+        model = onnx_attention([2, 5, 4 * 6], ([2, 7, 2 * 6], [2, 7, 2 * 4]), mask=(TP.BOOL, [5, 7]),
+                               q_num_heads=4, kv_num_heads=2)
+    elif case == "4d_causal_scale":
+        model = onnx_attention([2, 3, 6, 4], ([2, 3, 6, 4], [2, 3, 6, 5]), is_causal=1, scale=0.3)
+    else:  # a KV cache: 3 new tokens after 4 cached ones, causal aligned to the cache, present_* returned
+        model = onnx_attention([1, 2, 3, 4], ([1, 2, 3, 4], [1, 2, 3, 4]), past=([1, 2, 4, 4], [1, 2, 4, 4]),
+                               outputs=3, is_causal=1)
+    inputs = random_inputs(model, rng)
+    if "mask" in inputs:
+        inputs["mask"] = inputs["mask"].astype(bool)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    for name in ref:
+        assert rel_err(ours[name], ref[name]) < 1e-5, name
+    ops = [op for k in kernels(capsys, tmp_path / "model.onnx") for op in k["ops"]]
+    assert any(op.startswith("relax.nn.attention") for op in ops) and "relax.nn.softmax" not in ops
+
+
+def test_onnx_attention_softcap_refused(capsys, tmp_path):
+    model = onnx_attention([1, 2, 3, 4], ([1, 2, 3, 4], [1, 2, 3, 4]), softcap=30.0)
+    r = run_cli(capsys, "compile", save(model, tmp_path / "m.onnx"), "--target", "cpu", "-o", tmp_path / "m.tvmpkg")
+    assert r.code == 2 and "Attention" in r.err and "softcap" in r.err, r.err
