@@ -39,6 +39,7 @@ _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kern
 _SMS = {"sm_90": 132, "sm_80": 108}
 _SMEM = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
 _REGS = 32  # 32-bit registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
+_SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
 
 
 # ---------------------------------------------------------------- legalisation
@@ -49,8 +50,9 @@ def _legalize(kind: str):
         ty = call.args[0].ty
         dtype = str(ty.dtype.dtype) if ty.dtype is not None else ""
         shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in getattr(ty.shape, "values", None) or []]
-        if dtype not in DTYPES or not shape or None in shape or 0 in shape:
-            return call.op.get_attr("FLegalize")(bb, call)  # TVM's own lowering (float64, dynamic shapes)
+        if dtype not in DTYPES or not shape or None in shape or not 0 < math.prod(shape) < 2**31:
+            # TVM's own lowering: float64, dynamic shapes, empty or int64-indexed tensors
+            return call.op.get_attr("FLegalize")(bb, call)
         ndim = len(shape)
         axis = int(call.attrs.axis) % ndim
         perm = [i for i in range(ndim) if i != axis] + [axis]
@@ -107,14 +109,14 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
     vec = math.gcd(cols, 16 // itemsize)  # 16 bytes when the row length keeps rows 16-byte aligned
     nvec = cols // vec
     sms = _SMS.get(arch, 132)
-    if nvec <= 32 * max(1, _REGS // math.ceil(vec * itemsize / 4)):  # fits a warp: sub-warp lanes per row
-        lanes = min(32, 1 << (nvec - 1).bit_length())
+    if nvec <= 32 * max(1, _REGS // math.ceil(vec * itemsize / 4)):  # fits a warp: <= 32 lanes per row
+        lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
     whole = _block_plan(nvec, vec, itemsize, 1024)
-    if rows >= sms and whole.regs(itemsize) <= _REGS:
+    few = rows < sms and rows * cols * itemsize >= _SPLIT_BYTES  # one block per row would leave SMs idle
+    if not few and whole.regs(itemsize) <= _REGS:
         return whole
-    row_bytes = whole.per_thread * whole.lanes * vec * itemsize
-    if rows >= sms and row_bytes <= _SMEM.get(arch, 48 * 1024):
+    if not few and whole.per_thread * whole.lanes * vec * 4 <= _SMEM.get(arch, 48 * 1024):  # float32 cache
         return CudaPlan(whole.lanes, vec, whole.per_thread, cache="shared.dyn")
     # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
     fit = _ceil(nvec, 512 * max(1, _REGS // math.ceil(vec * itemsize / 4)))
@@ -157,13 +159,20 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
     if plan.chunks > 1:
         return _schedule_cuda_split(rows, cols, dtype, kind, plan)
-    sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
+    # A float32 cache in shared memory: CUDA rejects differently typed `extern __shared__` arrays of one name
+    # (TVM names it after the buffer) in one module, as float32 and float16 kernels would have.
+    cache = softmax_tir.ACC if plan.cache == "shared.dyn" else dtype
+    sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread, cache), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     _schedule_store(sch)
-    for name in ("row_sum", "row_max", "load"):
+    cached = ("row_sum", "exp", "row_max", "load")
+    if plan.cache == "shared.dyn":  # too long a row to keep exp(x - max) in registers: recompute it
+        sch.compute_inline(sch.get_sblock("exp"))
+        cached = ("row_sum", "row_max", "load")
+    for name in cached:
         block = sch.get_sblock(name)
         sch.compute_at(block, ty, preserve_unit_loops=True)
         _thread_slice(sch, block, plan, vectorize=name == "load")

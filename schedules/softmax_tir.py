@@ -25,11 +25,11 @@ from tvm.script import tirx as T
 ACC = "float32"
 
 
-def _normalized(kind: str, x, row_max, row_sum):
+def _normalized(kind: str, x, row_max, row_sum, exp=T.exp):
     """One output element (float32) from the float32 input value and the row's statistics."""
     if kind == "log_softmax":
         return x - row_max - T.log(row_sum)
-    return T.exp(x - row_max) / row_sum
+    return exp(x - row_max) * (T.float32(1) / row_sum)
 
 
 def canonical(rows: int, cols: int, dtype: str, kind: str):
@@ -60,23 +60,28 @@ def canonical(rows: int, cols: int, dtype: str, kind: str):
     return func
 
 
-def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int):
-    """Row-resident softmax: blocks load / row_max / row_sum / normalize / store over [r, j, l, v]."""
+def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cache: str = ""):
+    """Row-resident softmax: blocks load / row_max / row_sum / normalize / store over [r, j, l, v].
+
+    ``cache`` is the dtype of the cached row (default: the input's).
+    """
     nvec = cols // vec  # vectors per row; slots j * lanes + l >= nvec are padding
     J, L, V = per_thread, lanes, vec
+    cache = cache or dtype
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
-        xc = T.sblock_alloc_buffer((rows, J, L, V), dtype)
+        xc = T.sblock_alloc_buffer((rows, J, L, V), cache)
         row_max = T.sblock_alloc_buffer((rows,), ACC)
+        ec = T.sblock_alloc_buffer((rows, J, L, V), ACC)  # exp(x - max), computed once per element
         row_sum = T.sblock_alloc_buffer((rows,), ACC)
         yc = T.sblock_alloc_buffer((rows, J, L, V), dtype)
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("load"):
                 vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
                 xc[vr, vj, vl, vv] = T.if_then_else(
-                    vj * L + vl < nvec, x[vr, (vj * L + vl) * V + vv], T.Cast(dtype, T.float32("-inf"))
+                    vj * L + vl < nvec, T.Cast(cache, x[vr, (vj * L + vl) * V + vv]), T.Cast(cache, T.float32("-inf"))
                 )
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("row_max"):
@@ -85,17 +90,22 @@ def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int,
                     row_max[vr] = T.min_value(ACC)
                 row_max[vr] = T.max(row_max[vr], T.Cast(ACC, xc[vr, vj, vl, vv]))
         for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("exp"):
+                vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
+                ec[vr, vj, vl, vv] = T.exp(T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr])
+        for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("row_sum"):
                 vr, vj, vl, vv = T.axis.remap("SRRR", [r, j, l, v])
                 with T.init():
                     row_sum[vr] = T.float32(0)
-                row_sum[vr] = row_sum[vr] + T.exp(T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr])
+                row_sum[vr] = row_sum[vr] + ec[vr, vj, vl, vv]
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("normalize"):
                 vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
-                yc[vr, vj, vl, vv] = T.Cast(
-                    dtype, _normalized(kind, T.Cast(ACC, xc[vr, vj, vl, vv]), row_max[vr], row_sum[vr])
-                )
+                if kind == "log_softmax":
+                    yc[vr, vj, vl, vv] = T.Cast(dtype, T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr] - T.log(row_sum[vr]))
+                else:
+                    yc[vr, vj, vl, vv] = T.Cast(dtype, ec[vr, vj, vl, vv] * (T.float32(1) / row_sum[vr]))
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("store"):
                 vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
@@ -147,12 +157,13 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
             with T.sblock("save"):
                 vr, vp, vi = T.axis.remap("SSS", [r, p, i])
                 part[vr, vp, vi] = T.Select(vi == 0, part_max[vr, vp], part_sum[vr, vp])
+        # Kernel 2 walks the chunks in reverse, so it starts on those kernel 1 read last (still in L2).
         for r, p, j, l, v in T.grid(rows, P, J, L, V):
             with T.sblock("load_2"):
                 vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
                 xb[vr, vp, vj, vl, vv] = T.if_then_else(
-                    (vp * J + vj) * L + vl < nvec,
-                    x[vr, ((vp * J + vj) * L + vl) * V + vv],
+                    ((P - 1 - vp) * J + vj) * L + vl < nvec,
+                    x[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv],
                     T.Cast(dtype, T.float32("-inf")),
                 )
         for r, p, q in T.grid(rows, P, P):
@@ -160,13 +171,15 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
                 vr, vp, vq = T.axis.remap("SSR", [r, p, q])
                 with T.init():
                     row_max[vr, vp] = T.min_value(ACC)
-                row_max[vr, vp] = T.max(row_max[vr, vp], part[vr, vq, 0])
+                row_max[vr, vp] = T.max(row_max[vr, vp], part[rows - 1 - vr, vq, 0])
         for r, p, q in T.grid(rows, P, P):
             with T.sblock("row_sum"):
                 vr, vp, vq = T.axis.remap("SSR", [r, p, q])
                 with T.init():
                     row_sum[vr, vp] = T.float32(0)
-                row_sum[vr, vp] = row_sum[vr, vp] + part[vr, vq, 1] * T.exp(part[vr, vq, 0] - row_max[vr, vp])
+                row_sum[vr, vp] = row_sum[vr, vp] + part[rows - 1 - vr, vq, 1] * T.exp(
+                    part[rows - 1 - vr, vq, 0] - row_max[vr, vp]
+                )
         for r, p, j, l, v in T.grid(rows, P, J, L, V):
             with T.sblock("normalize"):
                 vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
@@ -176,8 +189,8 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
         for r, p, j, l, v in T.grid(rows, P, J, L, V):
             with T.sblock("store"):
                 vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
-                if (vp * J + vj) * L + vl < nvec:
-                    y[vr, ((vp * J + vj) * L + vl) * V + vv] = yb[vr, vp, vj, vl, vv]
+                if ((P - 1 - vp) * J + vj) * L + vl < nvec:
+                    y[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv] = yb[vr, vp, vj, vl, vv]
 
     return func
 
@@ -252,12 +265,7 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
         for r, k in T.grid(rows, cols):
             with T.sblock("normalize"):
                 vr, vk = T.axis.remap("SS", [r, k])
-                y[vr, vk] = T.Cast(dtype, _cpu_normalized(kind, T.Cast(ACC, x[vr, vk]), row_max[vr], row_sum[vr]))
+                y[vr, vk] = T.Cast(dtype, _normalized(kind, T.Cast(ACC, x[vr, vk]), row_max[vr], row_sum[vr], vexp))
 
     return func
 
-
-def _cpu_normalized(kind: str, x, row_max, row_sum):
-    if kind == "log_softmax":
-        return x - row_max - T.log(row_sum)
-    return vexp(x - row_max) * (T.float32(1) / row_sum)
