@@ -98,6 +98,8 @@ def mismatches(ours: np.ndarray, x: np.ndarray, kind: str) -> tuple[int, float]:
         ref = reference(x, kind).astype(dtype).astype(np.float64)
     got = ours.astype(np.float64)
     rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (2e-3, 1e-4)
+    if kind == "log_softmax":  # its error is absolute, log(sum)'s: ~sqrt(cols) float32 roundings of the sum
+        atol = max(atol, 1e-4)
     bad = ~np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
     finite = np.isfinite(ref) & np.isfinite(got)
     return int(bad.sum()), float(np.abs(got[finite] - ref[finite]).max(initial=0.0))

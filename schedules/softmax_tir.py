@@ -200,72 +200,86 @@ def vexp(value):
 
     Hand-written because LLVM scalarises ``llvm.exp`` on vectors into libm calls, and TVM's
     ``fast_exp`` clamps NaN away (a NaN row must stay NaN). Here ``exp(-inf) = 0``, ``exp(+inf) = inf``
-    and NaN propagates; results below 2^-126 flush to 0.
+    and NaN propagates; results below 2^-126 flush to 0 and arguments above 88 give inf (softmax only
+    evaluates x - max <= 0).
     """
     f32 = lambda c: tirx.const(c, ACC)  # noqa: E731
     lo, hi = f32(-87.33654), f32(88.0)
-    v, z, n, f = (tirx.Var(name, ACC) for name in "vznf")
+    v, n, f = (tirx.Var(name, ACC) for name in "vnf")
     poly = f32(1.9875691500e-4)
     for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
         poly = poly * f + f32(c)
     poly = poly * f * f + f + f32(1)
-    # Select keeps NaN out of the float->int conversion (undefined for NaN); the NaN still flows via poly.
+    # 2^n from the exponent bits; the Select keeps NaN and huge negative n out of the float -> int
+    # conversion. Out-of-range v is answered by the outer Selects (NaN still flows through poly).
     two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.Cast("int32", tirx.Select(n > f32(-127), n, f32(-127))) + 127, 23))
     body = tirx.Select(v < lo, f32(0), tirx.Select(v > hi, f32(float("inf")), poly * two_n))
-    body = tirx.Let(f, z - n * f32(0.693359375) + n * f32(2.12194440e-4), body)
-    body = tirx.Let(n, tirx.floor(z * f32(1.4426950408889634) + f32(0.5)), body)
-    # Clamp with Select, not max/min: LLVM's ordered compares keep a NaN operand here.
-    body = tirx.Let(z, tirx.Select(v < lo, lo, tirx.Select(v > hi, hi, v)), body)
+    body = tirx.Let(f, v - n * f32(0.693359375) + n * f32(2.12194440e-4), body)
+    body = tirx.Let(n, tirx.floor(v * f32(1.4426950408889634) + f32(0.5)), body)
     return tirx.Let(v, value, body)
 
 
 def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
-    """Per-row blocks with ``lanes``-wide running max / sum (vectorised inner loops) and ``vexp``.
+    """One block per row (the schedule runs rows in parallel): three passes over the row while it is in
+    cache, a ``lanes``-wide running max, ``exp(x - max)`` with a running sum, and the scaling.
 
-    The lane loops are written already vectorised: as reduction blocks they could not be (TVM's
-    ``vectorize`` needs the reduction loop inside, ``rfactor`` does not compose with ``compute_at``).
-    The ``cols % lanes`` tail folds into the first lanes.
+    The vector loops are written vectorised, the ``cols % lanes`` tail scalar: TVM's ``vectorize`` refuses
+    a loop that carries a reduction, and ``rfactor`` does not compose with ``compute_at``. A float32 softmax
+    keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does); otherwise it is
+    recomputed, so a float16 ``y`` never holds an unscaled, twice-rounded value.
     """
-    full = cols // lanes * lanes
-    tail = cols - full
+    full, tail = divmod(cols, lanes)
+    keep = kind == "softmax" and dtype == ACC
+
+    def exp_of(x, y, r, k, stat):
+        """exp(x[r, k] - row max): kept in y, or computed."""
+        return y[r, k] if keep else vexp(T.Cast(ACC, x[r, k]) - stat[0])
+
+    def value(x, y, r, k, stat):
+        """Output element k of row r, with stat = (row max, 1 / row sum or log row sum)."""
+        if kind == "log_softmax":
+            return T.Cast(dtype, T.Cast(ACC, x[r, k]) - stat[0] - stat[1])
+        return T.Cast(dtype, exp_of(x, y, r, k, stat) * stat[1])
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
-        row_max = T.sblock_alloc_buffer((rows,), ACC)
-        row_sum = T.sblock_alloc_buffer((rows,), ACC)
         for r in range(rows):
-            with T.sblock("row_max"):
+            with T.sblock("row"):
                 vr = T.axis.spatial(rows, r)
-                acc = T.sblock_alloc_buffer((lanes,), ACC, scope="local")
+                T.reads(x[vr, 0:cols])  # y is read only where this block wrote it
+                T.writes(y[vr, 0:cols])
+                acc = T.sblock_alloc_buffer((lanes,), ACC)  # "global" scope: on the stack ("local": heap)
+                stat = T.sblock_alloc_buffer((2,), ACC)
                 for l in T.vectorized(lanes):
                     acc[l] = T.min_value(ACC)
-                for ko in range(full // lanes):
+                for ko in range(full):
                     for l in T.vectorized(lanes):
                         acc[l] = T.max(acc[l], T.Cast(ACC, x[vr, ko * lanes + l]))
                 for t in range(tail):
-                    acc[t] = T.max(acc[t], T.Cast(ACC, x[vr, full + t]))
+                    acc[t] = T.max(acc[t], T.Cast(ACC, x[vr, full * lanes + t]))
+                stat[0] = acc[0]
                 for l in range(1, lanes):
-                    acc[0] = T.max(acc[0], acc[l])
-                row_max[vr] = acc[0]
-        for r in range(rows):
-            with T.sblock("row_sum"):
-                vr = T.axis.spatial(rows, r)
-                acc = T.sblock_alloc_buffer((lanes,), ACC, scope="local")
+                    stat[0] = T.max(stat[0], acc[l])
                 for l in T.vectorized(lanes):
                     acc[l] = T.float32(0)
-                for ko in range(full // lanes):
+                for ko in range(full):
                     for l in T.vectorized(lanes):
-                        acc[l] = acc[l] + vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - row_max[vr])
+                        if keep:
+                            y[vr, ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
+                        acc[l] = acc[l] + exp_of(x, y, vr, ko * lanes + l, stat)
                 for t in range(tail):
-                    acc[t] = acc[t] + vexp(T.Cast(ACC, x[vr, full + t]) - row_max[vr])
+                    if keep:
+                        y[vr, full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
+                    acc[t] = acc[t] + exp_of(x, y, vr, full * lanes + t, stat)
+                stat[1] = acc[0]
                 for l in range(1, lanes):
-                    acc[0] = acc[0] + acc[l]
-                row_sum[vr] = acc[0]
-        for r, k in T.grid(rows, cols):
-            with T.sblock("normalize"):
-                vr, vk = T.axis.remap("SS", [r, k])
-                y[vr, vk] = T.Cast(dtype, _normalized(kind, T.Cast(ACC, x[vr, vk]), row_max[vr], row_sum[vr], vexp))
+                    stat[1] = stat[1] + acc[l]
+                stat[1] = T.log(stat[1]) if kind == "log_softmax" else T.float32(1) / stat[1]
+                for ko in range(full):
+                    for l in T.vectorized(lanes):
+                        y[vr, ko * lanes + l] = value(x, y, vr, ko * lanes + l, stat)
+                for t in range(tail):
+                    y[vr, full * lanes + t] = value(x, y, vr, full * lanes + t, stat)
 
     return func
-
