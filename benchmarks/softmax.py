@@ -205,7 +205,7 @@ def _seed_kernel():
         import cupy
     except ImportError:
         return None
-    kernel = cupy.RawKernel("#include <cfloat>\n" + SEED_KERNEL, "softmax_kernel")
+    kernel = cupy.RawKernel("#define FLT_MAX 3.402823466e+38f\n" + SEED_KERNEL, "softmax_kernel")
 
     def launch(x, y):
         rows, cols = x.shape

@@ -38,7 +38,7 @@ _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kern
 # dynamic shared memory per block.
 _SMS = {"sm_90": 132, "sm_80": 108}
 _SMEM = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
-_REGS = 32  # 32-bit registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
+_REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
 _SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
 
 
@@ -88,18 +88,24 @@ class CudaPlan:
     cache: str = "local"
     chunks: int = 1
 
-    def regs(self, itemsize: int) -> int:
-        """32-bit registers per thread holding the cached slice (sub-word scalars take a whole one)."""
-        return self.per_thread * math.ceil(self.vec * itemsize / 4)
+    def regs(self) -> int:
+        """32-bit registers per thread holding the cached slice as float32."""
+        return self.per_thread * self.vec
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _block_plan(nvec: int, vec: int, itemsize: int, max_lanes: int) -> CudaPlan:
-    """Whole-block layout for ``nvec`` vectors: about 4 vectors per thread, lanes a multiple of 32."""
-    lanes = min(max_lanes, _ceil(_ceil(nvec, 4), 32) * 32)
+def _vec_budget(vec: int) -> int:
+    """Vectors a thread can cache within ``_REGS`` registers (as float32: exp(x - max) is kept)."""
+    return max(1, _REGS // vec)
+
+
+def _block_plan(nvec: int, vec: int, max_lanes: int) -> CudaPlan:
+    """Whole-block layout for ``nvec`` vectors: the fewest lanes (a multiple of 32) whose threads' register
+    budget holds them, so that blocks stay small (several per SM) with many bytes in flight per thread."""
+    lanes = min(max_lanes, _ceil(_ceil(nvec, _vec_budget(vec)), 32) * 32)
     return CudaPlan(lanes, vec, _ceil(nvec, lanes))
 
 
@@ -109,21 +115,21 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
     vec = math.gcd(cols, 16 // itemsize)  # 16 bytes when the row length keeps rows 16-byte aligned
     nvec = cols // vec
     sms = _SMS.get(arch, 132)
-    if nvec <= 32 * max(1, _REGS // math.ceil(vec * itemsize / 4)):  # fits a warp: <= 32 lanes per row
+    if nvec <= 32 * _vec_budget(vec):  # fits a warp: <= 32 lanes per row
         lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
-    whole = _block_plan(nvec, vec, itemsize, 1024)
+    whole = _block_plan(nvec, vec, 1024)
     few = rows < sms and rows * cols * itemsize >= _SPLIT_BYTES  # one block per row would leave SMs idle
-    if not few and whole.regs(itemsize) <= _REGS:
+    if not few and whole.regs() <= _REGS:
         return whole
     if not few and whole.per_thread * whole.lanes * vec * 4 <= _SMEM.get(arch, 48 * 1024):  # float32 cache
         return CudaPlan(whole.lanes, vec, whole.per_thread, cache="shared.dyn")
     # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
-    fit = _ceil(nvec, 512 * max(1, _REGS // math.ceil(vec * itemsize / 4)))
+    fit = _ceil(nvec, 512 * _vec_budget(vec))
     chunks = max(fit, _ceil(4 * sms, rows))
     pow2 = 1 << (chunks - 1).bit_length()
     chunks = pow2 if nvec % pow2 == 0 else chunks
-    chunk = _block_plan(_ceil(nvec, chunks), vec, itemsize, 512)
+    chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
     return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
 
 
