@@ -7,7 +7,7 @@ GPU, in two steps (the GPU machine has TVM's runtime only, so everything is comp
     python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png and
                                                      #   DIR/softmax-check-<device>.json (odd sizes, special values)
 CPU, here:          python3 benchmarks/softmax.py --cpu --out benchmarks/results
-Chart of a result:  python3 benchmarks/softmax.py --plot benchmarks/results/softmax-h200.json
+Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) benchmarks/results/softmax-h200.json
 
 ``tbps`` counts one read and one write of the tensor; ``copy_tbps`` is a copy of the same bytes timed in the
 same run. Every timed output is checked against float64 (``max_err``, ``ok``), so a fast wrong kernel shows.
@@ -32,6 +32,21 @@ DTYPES = ("float32", "float16")
 KINDS = ("softmax", "log_softmax")
 CHECK_COLS = (1, 3, 31, 1023, 1025, 4097, 50257, 131073)
 CHECK_ROWS = (5, 257)  # few rows (split kernels for long rows) and many (row kernels)
+# Other CUDA layouts (schedules.softmax.CudaPlan fields) timed beside the chosen one, to tune cuda_plan by.
+VARIANTS = [
+    (4096, 4096, "float32", {"lanes": 256, "vec": 4, "per_thread": 4}),
+    (4096, 4096, "float32", {"lanes": 512, "vec": 4, "per_thread": 2}),
+    (65536, 128, "float32", {"lanes": 32, "vec": 4, "per_thread": 1, "rows_per_block": 8}),
+    (65536, 128, "float32", {"lanes": 16, "vec": 4, "per_thread": 2, "rows_per_block": 16}),
+    (32768, 1024, "float16", {"lanes": 16, "vec": 8, "per_thread": 8, "rows_per_block": 16}),
+    (1024, 32768, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 2}),
+    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "chunks": 16}),
+    (16, 1048576, "float32", {"lanes": 256, "vec": 4, "per_thread": 8, "chunks": 128}),
+    (16, 1048576, "float16", {"lanes": 512, "vec": 8, "per_thread": 2, "chunks": 128}),
+    (4096, 50257, "float32", {"lanes": 1024, "vec": 1, "per_thread": 50}),
+    (4096, 50257, "float32", {"lanes": 512, "vec": 1, "per_thread": 50, "chunks": 2}),
+    (4096, 50257, "float16", {"lanes": 1024, "vec": 1, "per_thread": 50}),
+]
 # Normwise tolerance of a timed output: max |y - ref| / max |ref|.
 BENCH_TOL = {"float32": 2e-5, "float16": 2e-3}
 # The seed's kernel, verbatim: one block per row, one thread per column, O(cols^2) work per row.
@@ -141,12 +156,17 @@ def compile_cases(cases: list[dict], target_name: str):
 
     from compiler import targets
 
+    from schedules.softmax import CudaPlan, schedule_cuda
+
     target = targets.resolve(target_name)
     funcs = {}
     for case in cases:
-        func, case["schedule"] = pipeline_kernel(
-            case["rows"], case["cols"], case["dtype"], case["kind"], target, case["impl"] == "tvmpipe"
-        )
+        shape = (case["rows"], case["cols"], case["dtype"], case["kind"])
+        if case["impl"] == "variant":
+            func = schedule_cuda(*shape, CudaPlan(**case["variant"])).mod["main"]
+            case["plan"] = repr(CudaPlan(**case["variant"]))
+        else:
+            func, case["schedule"] = pipeline_kernel(*shape, target, case["impl"] == "tvmpipe")
         if case["impl"] == "tvmpipe":
             case["plan"] = _plan(case["rows"], case["cols"], case["dtype"], target)
         funcs[case["name"]] = func.with_attr("global_symbol", case["name"])
@@ -167,9 +187,13 @@ def build(out: Path) -> None:
     ] + [
         {"impl": "tvmpipe", "kind": kind, "dtype": dt, "rows": r, "cols": c, "check": True}
         for kind in KINDS for dt in DTYPES for r in CHECK_ROWS for c in CHECK_COLS
+    ] + [
+        {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False, "variant": plan}
+        for r, c, dt, plan in VARIANTS
     ]
-    for case in cases:
+    for i, case in enumerate(cases):
         case["name"] = _name(case["impl"], case["kind"], case["dtype"], case["rows"], case["cols"])
+        case["name"] += f"_{i}" if case["impl"] == "variant" else ""
     t0 = time.perf_counter()
     exe, target = compile_cases(cases, "cuda-sm90")
     out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +251,7 @@ def run(out: Path) -> None:
     device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
     seed = _seed_kernel()
     tdt = {"float32": torch.float32, "float16": torch.float16}
-    records, checks = [], []
+    records, variants, checks = [], [], []
     with tvm_ffi.use_torch_stream():
         for rows, cols in GPU_SHAPES:
             for dt in DTYPES:
@@ -238,27 +262,26 @@ def run(out: Path) -> None:
                 nbytes = 2 * x.numel() * x.element_size()
                 reps = max(5, min(100, int(2e10 / nbytes)))
                 copy_tbps = nbytes / _gpu_bench(lambda: y.copy_(x), reps) / 1e9
-                impls = {
-                    name: (lambda f=lib[_name(name, "softmax", dt, rows, cols)]: f(xt, yt))
-                    for name in ("tvmpipe", "dlight")
-                }
-                impls["torch"] = lambda: torch.softmax(x, dim=-1)
+                timed = [  # (impl, schedule, fn returning the output)
+                    (c["impl"], c.get("plan", c["schedule"]), lambda f=lib[c["name"]]: (f(xt, yt), y)[1])
+                    for c in cases if not c["check"] and (c["rows"], c["cols"], c["dtype"]) == (rows, cols, dt)
+                ]
+                timed.append(("torch", "torch.softmax", lambda: torch.softmax(x, dim=-1)))
                 if seed is not None and dt == "float32" and cols <= 1024:
-                    impls["seed-naive"] = lambda: seed(x, y)
-                for impl, fn in impls.items():
+                    timed.append(("seed-naive", "one block per row", lambda: (seed(x, y), y)[1]))
+                for impl, schedule, fn in timed:
                     y.fill_(float("nan"))
-                    ms = _gpu_bench(fn, reps if impl != "seed-naive" else 5)
-                    result = fn() if impl == "torch" else (fn(), y)[1]
-                    err = float(((result.double() - ref).abs().max() / ref.abs().max()).item())
-                    case = next((c for c in cases if c["name"] == _name(impl, "softmax", dt, rows, cols)), {})
-                    records.append({
-                        "impl": impl, "dtype": dt, "rows": rows, "cols": cols, "ms": ms,
-                        "tbps": nbytes / ms / 1e9, "copy_tbps": copy_tbps, "device": device,
-                        "max_err": err, "ok": err <= BENCH_TOL[dt], "schedule": case.get("plan", case.get("schedule", impl)),
-                    })
-                    print(f"{impl:>10} {dt} {rows}x{cols}: {ms:.4f} ms {records[-1]['tbps']:.2f} TB/s "
-                          f"(copy {copy_tbps:.2f}) err {err:.1e}", flush=True)
-                del x, y, ref
+                    ms = _gpu_bench(fn, 5 if impl == "seed-naive" else reps)
+                    err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
+                    record = {
+                        "impl": "tvmpipe-variant" if impl == "variant" else impl, "dtype": dt, "rows": rows,
+                        "cols": cols, "ms": ms, "tbps": nbytes / ms / 1e9, "copy_tbps": copy_tbps, "device": device,
+                        "max_err": err, "ok": err <= BENCH_TOL[dt], "schedule": schedule,
+                    }
+                    (variants if impl == "variant" else records).append(record)
+                    print(f"{record['impl']:>15} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
+                          f"(copy {copy_tbps:.2f}) err {err:.1e} {schedule}", flush=True)
+                del x, y, ref, timed
         rng = np.random.default_rng(0)
         for case in (c for c in cases if c["check"]):
             x = sample(case["rows"], case["cols"], case["dtype"], rng)
@@ -272,9 +295,10 @@ def run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"softmax-{device}.json"
     path.write_text(json.dumps(records, indent=1))
+    (out / f"softmax-variants-{device}.json").write_text(json.dumps(variants, indent=1))
     (out / f"softmax-check-{device}.json").write_text(json.dumps(checks, indent=1))
-    failed = [r for r in records + checks if not r["ok"]]
-    print(f"wrote {path}; {len(failed)} numerics failures")
+    failed = [r for r in records + variants + checks if not r["ok"]]
+    print(f"wrote {path} (+ -variants, -check); {len(failed)} numerics failures")
     plot(path)
 
 
@@ -344,7 +368,7 @@ def run_cpu(out: Path) -> None:
             for impl, fn in impls.items():
                 y.fill(np.nan)
                 yt.copyfrom(y)
-                ms = _cpu_bench(fn, 3 if impl == "tvm-default" else 20)
+                ms = _cpu_bench(fn, 3 if impl == "tvm-default" else 30)
                 got = yt.numpy() if impl.startswith("tvm") else y
                 err = float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
                 records.append({
@@ -398,6 +422,25 @@ def plot(path: Path) -> None:
     print(f"wrote {Path(path).with_suffix('.png')}")
 
 
+def table(path: Path) -> str:
+    """Markdown table of a results file: bandwidth per implementation and ours against copy and the rest."""
+    records = json.loads(Path(path).read_text())
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    unit = 1e3 if records[0]["device"] == "cpu" else 1.0
+    name = "GB/s" if unit > 1 else "TB/s"
+    rows = [f"| rows x cols | dtype | {' | '.join(f'{i} {name}' for i in impls)} | copy {name} | ours / copy | ours / best other |",
+            "|" + "---|" * (len(impls) + 5)]
+    for case in dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in records):
+        got = {r["impl"]: r for r in records if (r["rows"], r["cols"], r["dtype"]) == case}
+        ours = got["tvmpipe"]["tbps"]
+        best = max(r["tbps"] for i, r in got.items() if i != "tvmpipe")
+        cells = [f"{got[i]['tbps'] * unit:.2f}{'' if got[i]['ok'] else ' (inexact)'}" if i in got else "-" for i in impls]
+        copy = got["tvmpipe"]["copy_tbps"]
+        rows.append(f"| {case[0]} x {case[1]} | {case[2]} | {' | '.join(cells)} | {copy * unit:.2f} | "
+                    f"{ours / copy:.2f} | {ours / best:.2f} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -405,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--run", action="store_true", help="time and check them on the GPU (TVM runtime + torch)")
     mode.add_argument("--cpu", action="store_true", help="compile, time and check on this CPU")
     mode.add_argument("--plot", metavar="JSON", help="draw the chart of a results file")
+    mode.add_argument("--table", metavar="JSON", help="print a results file as a markdown table")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -414,8 +458,10 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out)
     elif args.cpu:
         run_cpu(args.out)
-    else:
+    elif args.plot:
         plot(Path(args.plot))
+    else:
+        print(table(Path(args.table)))
     return 0
 
 
