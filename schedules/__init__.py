@@ -6,7 +6,9 @@
 
 from . import softmax
 
-RULES: list = [softmax.Softmax()]
+RULES: list = [
+    softmax.Softmax(),
+]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.

@@ -10,7 +10,7 @@ cannot pad a row to a tile multiple nor keep a thread's slice of the row compact
   ``vec * itemsize == 16``), cached on chip and read from memory once.
 - ``cuda_split``: the same tiling over ``chunks`` slices of a long row, in two kernels: per-chunk
   (max, sum of exp) partials, then a combine + normalise pass.
-- ``cpu``: per row, ``lanes``-wide running max / sum vectors and a vectorisable ``exp``.
+- ``cpu``: one block per row, three vectorised passes (max, exp with sum, scale) with ``vexp``.
 
 Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x - max))`` and
 ``y = x - max - log(sum(exp(x - max)))`` over the row, computed in float32 for every input type.
@@ -205,17 +205,19 @@ def vexp(value):
     """
     f32 = lambda c: tirx.const(c, ACC)  # noqa: E731
     lo, hi = f32(-87.33654), f32(88.0)
-    v, n, f = (tirx.Var(name, ACC) for name in "vnf")
+    v, t, n, f = (tirx.Var(name, ACC) for name in "vtnf")
     poly = f32(1.9875691500e-4)
     for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
         poly = poly * f + f32(c)
     poly = poly * f * f + f + f32(1)
-    # 2^n from the exponent bits; the Select keeps NaN and huge negative n out of the float -> int
-    # conversion. Out-of-range v is answered by the outer Selects (NaN still flows through poly).
-    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.Cast("int32", tirx.Select(n > f32(-127), n, f32(-127))) + 127, 23))
+    # t = v / ln2 + 1.5 * 2^23 rounds v / ln2 to the integer n held in t's low mantissa bits, so
+    # (bits(t) << 23) + (127 << 23) are the bits of 2^n: no float -> int conversion (undefined for NaN).
+    # Out-of-range v is answered by the Selects; NaN flows through poly.
+    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.reinterpret("int32", t), 23) + (127 << 23))
     body = tirx.Select(v < lo, f32(0), tirx.Select(v > hi, f32(float("inf")), poly * two_n))
     body = tirx.Let(f, v - n * f32(0.693359375) + n * f32(2.12194440e-4), body)
-    body = tirx.Let(n, tirx.floor(v * f32(1.4426950408889634) + f32(0.5)), body)
+    body = tirx.Let(n, t - f32(12582912.0), body)
+    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(12582912.0), body)
     return tirx.Let(v, value, body)
 
 
