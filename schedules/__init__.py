@@ -4,8 +4,15 @@
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules.
 """
 
-RULES: list = []
+from . import softmax
+
+RULES: list = [
+    softmax.Softmax(),
+]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.
-LEGALIZE: dict = {}
+LEGALIZE: dict = {
+    "relax.nn.softmax": softmax.legalize_softmax,
+    "relax.nn.log_softmax": softmax.legalize_log_softmax,
+}

@@ -1,0 +1,477 @@
+"""Softmax benchmark and numerics check (issue #4): tvmpipe's hand-written schedules against TVM's default
+(``--no-custom-schedules``: DLight on CUDA), torch.softmax, a device copy and the seed's naive kernel on the
+GPU; against numpy and onnxruntime on the CPU.
+
+GPU, in two steps (the GPU machine has TVM's runtime only, so everything is compiled here first):
+    python3 benchmarks/softmax.py --build            # here: all kernels -> build/gpu/softmax/ (one library)
+    python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png and
+                                                     #   DIR/softmax-check-<device>.json (odd sizes, special values)
+CPU, here:          python3 benchmarks/softmax.py --cpu --out benchmarks/results
+Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) benchmarks/results/softmax-h200.json
+
+``tbps`` counts one read and one write of the tensor; ``copy_tbps`` is a copy of the same bytes timed in the
+same run. Every timed output is checked against float64 (``max_err``, ``ok``), so a fast wrong kernel shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build" / "gpu" / "softmax"
+GPU_SHAPES = [(4096, 4096), (32768, 1024), (65536, 128), (1024, 32768), (128, 131072), (16, 1048576), (4096, 50257)]
+CPU_SHAPES = [(1024, 1024), (8192, 128), (128, 16384), (8, 262144), (64, 50257)]
+DTYPES = ("float32", "float16")
+KINDS = ("softmax", "log_softmax")
+CHECK_COLS = (1, 3, 31, 1023, 1025, 4097, 50257, 131073)
+CHECK_ROWS = (5, 257)  # few rows (split kernels for long rows) and many (row kernels)
+# Other CUDA layouts (schedules.softmax.CudaPlan fields) timed beside the chosen one, to tune cuda_plan by.
+VARIANTS = [
+    (4096, 4096, "float32", {"lanes": 256, "vec": 4, "per_thread": 4}),
+    (4096, 4096, "float32", {"lanes": 512, "vec": 4, "per_thread": 2}),
+    (65536, 128, "float32", {"lanes": 32, "vec": 4, "per_thread": 1, "rows_per_block": 8}),
+    (65536, 128, "float32", {"lanes": 16, "vec": 4, "per_thread": 2, "rows_per_block": 16}),
+    (32768, 1024, "float16", {"lanes": 16, "vec": 8, "per_thread": 8, "rows_per_block": 16}),
+    (1024, 32768, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 2}),
+    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "chunks": 16}),
+    (16, 1048576, "float32", {"lanes": 256, "vec": 4, "per_thread": 8, "chunks": 128}),
+    (16, 1048576, "float16", {"lanes": 512, "vec": 8, "per_thread": 2, "chunks": 128}),
+    (4096, 50257, "float32", {"lanes": 1024, "vec": 1, "per_thread": 50}),
+    (4096, 50257, "float32", {"lanes": 512, "vec": 1, "per_thread": 50, "chunks": 2}),
+    (4096, 50257, "float16", {"lanes": 1024, "vec": 1, "per_thread": 50}),
+]
+# Normwise tolerance of a timed output: max |y - ref| / max |ref|.
+BENCH_TOL = {"float32": 2e-5, "float16": 2e-3}
+# The seed's kernel, verbatim: one block per row, one thread per column, O(cols^2) work per row.
+SEED_KERNEL = r"""
+extern "C" __global__ void softmax_kernel(float *input, float *output, int rows, int cols) {
+    int row = blockIdx.x;
+    int col = threadIdx.x;
+    if (row < rows && col < cols) {
+        float max_val = -FLT_MAX;
+        for (int i = 0; i < cols; i++) {
+            if (input[row * cols + i] > max_val) {
+                max_val = input[row * cols + i];
+            }
+        }
+        float sum = 0.0;
+        for (int i = 0; i < cols; i++) {
+            sum += exp(input[row * cols + i] - max_val);
+        }
+        output[row * cols + col] = exp(input[row * cols + col] - max_val) / sum;
+    }
+}
+"""
+
+
+# ---------------------------------------------------------------- numerics (shared with the tests)
+
+
+def reference(x: np.ndarray, kind: str) -> np.ndarray:
+    """ONNX (Log)Softmax over the last axis in float64: x - max, exp, sum (NaN / inf propagate as in onnxruntime)."""
+    x = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        z = x - x.max(axis=-1, keepdims=True)
+        s = np.exp(z).sum(axis=-1, keepdims=True)
+        return z - np.log(s) if kind == "log_softmax" else np.exp(z) / s
+
+
+def sample(rows: int, cols: int, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Random rows of mixed scale, the first (as many as there are rows) special: equal values, half -inf,
+    huge magnitudes (+-3e38 and 1e30; +-6e4 and 1e4 in float16), one NaN, one +inf, all -inf, all NaN."""
+    big, large = (3e38, 1e30) if dtype == "float32" else (6e4, 1e4)
+    x = rng.standard_normal((rows, cols)) * rng.choice([1.0, 8.0], (rows, 1))
+    a = int(rng.integers(cols))
+    b = (a + 1) % cols
+    for i, row in enumerate(x[:7]):
+        if i == 0:
+            row[:] = 3.0
+        elif i == 1:
+            row[rng.random(cols) < 0.5] = -np.inf
+        elif i == 2:
+            row[:], row[a], row[b] = -big, big, large
+        else:
+            row[a if i < 5 else slice(None)] = (np.nan, np.inf, -np.inf, np.nan)[i - 3]
+    return x.astype(dtype)
+
+
+def mismatches(ours: np.ndarray, x: np.ndarray, kind: str) -> tuple[int, float]:
+    """(elements outside tolerance, max abs error over finite references) of ``ours`` vs ``reference``.
+
+    The reference is rounded to the output dtype first (so -6e38 is -inf in float32, like ours);
+    NaN and inf must match exactly.
+    """
+    dtype = ours.dtype
+    with np.errstate(all="ignore"):
+        ref = reference(x, kind).astype(dtype).astype(np.float64)
+    got = ours.astype(np.float64)
+    rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (2e-3, 1e-4)
+    if kind == "log_softmax":  # its error is absolute, log(sum)'s: ~sqrt(cols) float32 roundings of the sum
+        atol = max(atol, 1e-4)
+    bad = ~np.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
+    finite = np.isfinite(ref) & np.isfinite(got)
+    return int(bad.sum()), float(np.abs(got[finite] - ref[finite]).max(initial=0.0))
+
+
+# ---------------------------------------------------------------- compiling (here)
+
+
+def pipeline_kernel(rows: int, cols: int, dtype: str, kind: str, target, custom: bool):
+    """The one kernel that ``tvmpipe compile`` (``custom=False``: ``--no-custom-schedules``) makes of a
+    [rows, cols] (log)softmax over the last axis, and where its schedule came from."""
+    from tvm import relax, tirx
+
+    from compiler import passes, schedules, tuning
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, cols), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(getattr(relax.op.nn, kind)(x, axis=-1))
+        bb.emit_func_output(gv)
+    mod, _ = passes.optimize(bb.get(), target, legalize=schedules.legalizations() if custom else {})
+    mod, hand = schedules.apply(mod, target, enabled=custom)
+    mod, provenance = tuning.apply(mod, target)
+    ((gvar, func),) = [(g, f) for g, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    name = gvar.name_hint
+    return func, f"hand:{hand[name]}" if name in hand else provenance[name]
+
+
+def _plan(rows: int, cols: int, dtype: str, target) -> str:
+    from schedules.softmax import cuda_plan
+
+    return repr(cuda_plan(rows, cols, dtype, target.arch)) if target.is_gpu else "cpu"
+
+
+def compile_cases(cases: list[dict], target_name: str):
+    """Compile the kernel of every case (``impl`` tvmpipe / default) into one module; annotate the cases."""
+    import tvm
+
+    from compiler import targets
+
+    from schedules.softmax import CudaPlan, schedule_cuda
+
+    target = targets.resolve(target_name)
+    funcs = {}
+    for case in cases:
+        shape = (case["rows"], case["cols"], case["dtype"], case["kind"])
+        if case["impl"] == "variant":
+            func = schedule_cuda(*shape, CudaPlan(**case["variant"])).mod["main"]
+            case["plan"] = repr(CudaPlan(**case["variant"]))
+        else:
+            func, case["schedule"] = pipeline_kernel(*shape, target, case["impl"] == "tvmpipe")
+        if case["impl"] == "tvmpipe":
+            case["plan"] = _plan(case["rows"], case["cols"], case["dtype"], target)
+        funcs[case["name"]] = func.with_attr("global_symbol", case["name"])
+    exe = tvm.compile(tvm.IRModule(funcs), target.target)
+    return exe, target
+
+
+def _name(impl: str, kind: str, dtype: str, rows: int, cols: int) -> str:
+    return f"{impl}_{kind}_{dtype}_{rows}x{cols}"
+
+
+def build(out: Path) -> None:
+    from compiler.build import Built
+
+    cases = [
+        {"impl": impl, "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False}
+        for r, c in GPU_SHAPES for dt in DTYPES for impl in ("tvmpipe", "dlight")
+    ] + [
+        {"impl": "tvmpipe", "kind": kind, "dtype": dt, "rows": r, "cols": c, "check": True}
+        for kind in KINDS for dt in DTYPES for r in CHECK_ROWS for c in CHECK_COLS
+    ] + [
+        {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False, "variant": plan}
+        for r, c, dt, plan in VARIANTS
+    ]
+    for i, case in enumerate(cases):
+        case["name"] = _name(case["impl"], case["kind"], case["dtype"], case["rows"], case["cols"])
+        case["name"] += f"_{i}" if case["impl"] == "variant" else ""
+    t0 = time.perf_counter()
+    exe, target = compile_cases(cases, "cuda-sm90")
+    out.mkdir(parents=True, exist_ok=True)
+    Built(exe, target).export(out / "kernels.so")
+    (out / "cases.json").write_text(json.dumps(cases, indent=1))
+    size = (out / "kernels.so").stat().st_size
+    print(f"built {len(cases)} kernels -> {out}/kernels.so ({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.0f} s")
+
+
+# ---------------------------------------------------------------- GPU run (TVM runtime + torch only)
+
+
+def _gpu_bench(fn, reps: int) -> float:
+    """Median ms of ``fn`` on the current stream, L2 flushed before each call (triton's do_bench method)."""
+    import torch
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(3):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def _seed_kernel():
+    """The seed kernel through CuPy (compiled by NVRTC on the GPU machine), or None without CuPy."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    kernel = cupy.RawKernel("#define FLT_MAX 3.402823466e+38f\n" + SEED_KERNEL, "softmax_kernel")
+
+    def launch(x, y):
+        rows, cols = x.shape
+        import torch
+
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            kernel((rows,), (cols,), (cupy.asarray(x), cupy.asarray(y), np.int32(rows), np.int32(cols)))
+
+    return launch
+
+
+def run(out: Path) -> None:
+    import torch
+    import tvm
+    import tvm_ffi
+
+    cases = json.loads((BUILD / "cases.json").read_text())
+    lib = tvm.runtime.load_module(str(BUILD / "kernels.so"))
+    device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    seed = _seed_kernel()
+    tdt = {"float32": torch.float32, "float16": torch.float16}
+    records, variants, checks = [], [], []
+    with tvm_ffi.use_torch_stream():
+        for rows, cols in GPU_SHAPES:
+            for dt in DTYPES:
+                x = torch.randn(rows, cols, dtype=tdt[dt], device="cuda") * 4
+                y = torch.empty_like(x)
+                ref = torch.softmax(x.double(), dim=-1)
+                xt, yt = tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y)
+                nbytes = 2 * x.numel() * x.element_size()
+                reps = max(5, min(100, int(2e10 / nbytes)))
+                copy_tbps = nbytes / _gpu_bench(lambda: y.copy_(x), reps) / 1e9
+                timed = [  # (impl, schedule, fn returning the output)
+                    (c["impl"], c.get("plan", c["schedule"]), lambda f=lib[c["name"]]: (f(xt, yt), y)[1])
+                    for c in cases if not c["check"] and (c["rows"], c["cols"], c["dtype"]) == (rows, cols, dt)
+                ]
+                timed.append(("torch", "torch.softmax", lambda: torch.softmax(x, dim=-1)))
+                if seed is not None and dt == "float32" and cols <= 1024:
+                    timed.append(("seed-naive", "one block per row", lambda: (seed(x, y), y)[1]))
+                for impl, schedule, fn in timed:
+                    y.fill_(float("nan"))
+                    ms = _gpu_bench(fn, 5 if impl == "seed-naive" else reps)
+                    err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
+                    record = {
+                        "impl": "tvmpipe-variant" if impl == "variant" else impl, "dtype": dt, "rows": rows,
+                        "cols": cols, "ms": ms, "tbps": nbytes / ms / 1e9, "copy_tbps": copy_tbps, "device": device,
+                        "max_err": err, "ok": err <= BENCH_TOL[dt], "schedule": schedule,
+                    }
+                    (variants if impl == "variant" else records).append(record)
+                    print(f"{record['impl']:>15} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
+                          f"(copy {copy_tbps:.2f}) err {err:.1e} {schedule}", flush=True)
+                del x, y, ref, timed
+        rng = np.random.default_rng(0)
+        for case in (c for c in cases if c["check"]):
+            x = sample(case["rows"], case["cols"], case["dtype"], rng)
+            xg = torch.from_numpy(x).cuda()
+            yg = torch.full_like(xg, float("nan"))
+            lib[case["name"]](tvm.runtime.from_dlpack(xg), tvm.runtime.from_dlpack(yg))
+            bad, err = mismatches(yg.cpu().numpy(), x, case["kind"])
+            checks.append({k: case[k] for k in ("kind", "dtype", "rows", "cols", "plan")} | {
+                "device": device, "mismatches": bad, "max_err": err, "ok": bad == 0})
+            print(f"check {case['name']}: {'ok' if bad == 0 else f'{bad} MISMATCHES'} (max err {err:.1e})", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"softmax-{device}.json"
+    path.write_text(json.dumps(records, indent=1))
+    (out / f"softmax-variants-{device}.json").write_text(json.dumps(variants, indent=1))
+    (out / f"softmax-check-{device}.json").write_text(json.dumps(checks, indent=1))
+    failed = [r for r in records + variants + checks if not r["ok"]]
+    print(f"wrote {path} (+ -variants, -check); {len(failed)} numerics failures")
+    plot(path)
+
+
+# ---------------------------------------------------------------- CPU (here)
+
+
+def _cpu_bench(fn, reps: int) -> float:
+    """Best-of-``reps`` ms, after warm-up calls. Best, not median: this machine is shared with other
+    jobs. One function at a time: thread pools (TVM's, onnxruntime's) spin after a call and would slow
+    whatever ran next."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def _ort_session(rows: int, cols: int, dtype: str, threads: int):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
+        [helper.make_tensor_value_info("x", elem, [rows, cols])], [helper.make_tensor_value_info("y", elem, [rows, cols])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run_cpu(out: Path) -> None:
+    import tvm
+
+    cases = [
+        {"impl": impl, "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "name": _name(impl, "softmax", dt, r, c)}
+        for r, c in CPU_SHAPES for dt in DTYPES for impl in ("tvmpipe", "tvm-default")
+    ]
+    exe, target = compile_cases(cases, "cpu")
+    threads = target.cores
+    records = []
+    rng = np.random.default_rng(0)
+    for rows, cols in CPU_SHAPES:
+        for dt in DTYPES:
+            x = (rng.standard_normal((rows, cols)) * 4).astype(dt)
+            y = np.empty_like(x)
+            ref = reference(x, "softmax")
+            nbytes = 2 * x.nbytes
+            copy_tbps = nbytes / _cpu_bench(lambda: np.copyto(y, x), 30) / 1e9
+            xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(y)
+            sess = _ort_session(rows, cols, dt, threads)
+            binding = sess.io_binding()
+            binding.bind_cpu_input("x", x)
+            binding.bind_output("y", "cpu", 0, x.dtype, y.shape, y.ctypes.data)
+
+            def numpy_softmax():
+                e = np.exp(x - x.max(axis=-1, keepdims=True))
+                np.divide(e, e.sum(axis=-1, keepdims=True), out=y)
+
+            impls = {
+                "tvmpipe": lambda: exe[_name("tvmpipe", "softmax", dt, rows, cols)](xt, yt),
+                "tvm-default": lambda: exe[_name("tvm-default", "softmax", dt, rows, cols)](xt, yt),
+                "numpy": numpy_softmax,
+                "onnxruntime": lambda: sess.run_with_iobinding(binding),
+            }
+            errs = {}
+            for impl, fn in impls.items():
+                y.fill(np.nan)
+                yt.copyfrom(y)
+                fn()
+                got = yt.numpy() if impl.startswith("tvm") else y
+                errs[impl] = float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
+            for impl, fn in impls.items():
+                ms, err = _cpu_bench(fn, 2 if impl in ("tvm-default", "numpy") and dt == "float16" else 30), errs[impl]
+                records.append({
+                    "impl": impl, "dtype": dt, "rows": rows, "cols": cols, "ms": ms, "tbps": nbytes / ms / 1e9,
+                    "copy_tbps": copy_tbps, "device": "cpu", "threads": threads, "cpu": target.isa_summary(),
+                    "timing": "best of 30 (2 for slow float16 baselines)",
+                    "max_err": err, "ok": err <= BENCH_TOL[dt],
+                })
+                print(f"{impl:>12} {dt} {rows}x{cols}: {ms:.3f} ms {records[-1]['tbps'] * 1e3:.1f} GB/s err {err:.1e}",
+                      flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "softmax-cpu.json"
+    path.write_text(json.dumps(records, indent=1))
+    print(f"wrote {path}")
+    plot(path)
+
+
+# ---------------------------------------------------------------- chart
+
+
+def plot(path: Path) -> None:
+    """Grouped bars of TB/s per case and implementation, copy bandwidth as a black tick; PNG beside the JSON."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no chart (run --plot FILE elsewhere)")
+        return
+    records = json.loads(Path(path).read_text())
+    cases = list(dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in records))
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    width = 0.8 / len(impls)
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(cases)), 4.5))
+    for i, impl in enumerate(impls):
+        for j, case in enumerate(cases):
+            rec = next((r for r in records if (r["rows"], r["cols"], r["dtype"]) == case and r["impl"] == impl), None)
+            if rec:
+                ax.bar(j + (i - (len(impls) - 1) / 2) * width, rec["tbps"], width, color=f"C{i}",
+                       hatch="" if rec["ok"] else "xx", label=impl if j == 0 else None)
+    for j, case in enumerate(cases):
+        copy = next(r["copy_tbps"] for r in records if (r["rows"], r["cols"], r["dtype"]) == case)
+        ax.hlines(copy, j - 0.45, j + 0.45, color="black", label="copy" if j == 0 else None)
+    unit = "TB/s" if records[0]["device"] != "cpu" else "TB/s (1 read + 1 write)"
+    ax.set_xticks(range(len(cases)), [f"{r}x{c}\n{d.replace('float', 'f')}" for r, c, d in cases], fontsize=7)
+    ax.set_ylabel(unit)
+    ax.set_title(f"softmax on {records[0]['device']} (hatched: numerics check failed)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(path).with_suffix(".png"), dpi=110)
+    print(f"wrote {Path(path).with_suffix('.png')}")
+
+
+def table(path: Path) -> str:
+    """Markdown table of a results file: bandwidth per implementation and ours against copy and the rest."""
+    records = json.loads(Path(path).read_text())
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    unit = 1e3 if records[0]["device"] == "cpu" else 1.0
+    name = "GB/s" if unit > 1 else "TB/s"
+    rows = [f"| rows x cols | dtype | {' | '.join(f'{i} {name}' for i in impls)} | copy {name} | ours / copy | ours / best other |",
+            "|" + "---|" * (len(impls) + 5)]
+    for case in dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in records):
+        got = {r["impl"]: r for r in records if (r["rows"], r["cols"], r["dtype"]) == case}
+        ours = got["tvmpipe"]["tbps"]
+        best = max(r["tbps"] for i, r in got.items() if i != "tvmpipe")
+        cells = [f"{got[i]['tbps'] * unit:.2f}{'' if got[i]['ok'] else ' (inexact)'}" if i in got else "-" for i in impls]
+        copy = got["tvmpipe"]["copy_tbps"]
+        rows.append(f"| {case[0]} x {case[1]} | {case[2]} | {' | '.join(cells)} | {copy * unit:.2f} | "
+                    f"{ours / copy:.2f} | {ours / best:.2f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--build", action="store_true", help="compile the GPU kernels here (needs TVM's compiler)")
+    mode.add_argument("--run", action="store_true", help="time and check them on the GPU (TVM runtime + torch)")
+    mode.add_argument("--cpu", action="store_true", help="compile, time and check on this CPU")
+    mode.add_argument("--plot", metavar="JSON", help="draw the chart of a results file")
+    mode.add_argument("--table", metavar="JSON", help="print a results file as a markdown table")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    if args.build:
+        build(BUILD)
+    elif args.run:
+        run(args.out)
+    elif args.cpu:
+        run_cpu(args.out)
+    elif args.plot:
+        plot(Path(args.plot))
+    else:
+        print(table(Path(args.table)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

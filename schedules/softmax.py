@@ -1,0 +1,260 @@
+"""Softmax / LogSoftmax: legalisation to a canonical [rows, cols] kernel and its schedules.
+
+``legalize_softmax`` / ``legalize_log_softmax`` (``schedules.LEGALIZE``) move the softmax axis last,
+view the tensor as ``rows x cols`` and call ``softmax_tir.canonical``, marked ``tvmpipe.kernel`` and
+opaque so that FuseOps keeps it whole. ``Softmax`` (``schedules.RULES``) recognises that PrimFunc and
+schedules it, choosing by row length and dtype:
+
+CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumulation):
+- short rows: ``lanes`` <= 32 threads (part of a warp) per row, several rows per block, row in
+  registers, warp-shuffle reductions;
+- medium rows: one block per row, row in registers (or in dynamic shared memory when it does not fit
+  there), block reductions; the input is read from memory once in both;
+- long rows or too few rows to fill the GPU: each row split over ``chunks`` blocks that write
+  (max, sum) partials, then a combine + normalise kernel (two reads of the input, one write).
+CPU: parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
+read from memory once while it fits in cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from . import softmax_tir
+
+KINDS = ("softmax", "log_softmax")
+DTYPES = ("float32", "float16")
+KERNEL_ATTR = "tvmpipe.kernel"
+_OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kernel
+
+# Per-arch facts the CUDA target does not carry: SM count (H100/H200 SXM, A100) and the opt-in
+# dynamic shared memory per block.
+_SMS = {"sm_90": 132, "sm_80": 108}
+_SMEM = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
+_REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
+_SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
+
+
+# ---------------------------------------------------------------- legalisation
+
+
+def _legalize(kind: str):
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        ty = call.args[0].ty
+        dtype = str(ty.dtype.dtype) if ty.dtype is not None else ""
+        shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in getattr(ty.shape, "values", None) or []]
+        if dtype not in DTYPES or not shape or None in shape or not 0 < math.prod(shape) < 2**31:
+            # TVM's own lowering: float64, dynamic shapes, empty or int64-indexed tensors
+            return call.op.get_attr("FLegalize")(bb, call)
+        ndim = len(shape)
+        axis = int(call.attrs.axis) % ndim
+        perm = [i for i in range(ndim) if i != axis] + [axis]
+        cols = shape[axis]
+        rows = math.prod(shape) // cols
+        x = call.args[0] if axis == ndim - 1 else relax.op.permute_dims(call.args[0], perm)
+        x = x if ndim == 2 else relax.op.reshape(x, (rows, cols))
+        func = softmax_tir.canonical(rows, cols, dtype, kind).with_attrs({KERNEL_ATTR: kind, "op_pattern": _OPAQUE})
+        y = relax.call_tir(bb.add_func(func, kind), [x], relax.TensorType((rows, cols), dtype))
+        y = y if ndim == 2 else relax.op.reshape(y, [shape[i] for i in perm])
+        return y if axis == ndim - 1 else relax.op.permute_dims(y, [perm.index(i) for i in range(ndim)])
+
+    return legalize
+
+
+legalize_softmax = _legalize("softmax")
+legalize_log_softmax = _legalize("log_softmax")
+
+
+# ---------------------------------------------------------------- CUDA plans
+
+
+@dataclass(frozen=True)
+class CudaPlan:
+    """How a row is spread over threads: ``lanes`` threads x ``per_thread`` vectors of ``vec`` elements
+    per row (or per chunk of a row when ``chunks`` > 1), ``rows_per_block`` rows per thread block, the
+    row slice cached in ``cache`` ("local" = registers, or "shared.dyn")."""
+
+    lanes: int
+    vec: int
+    per_thread: int
+    rows_per_block: int = 1
+    cache: str = "local"
+    chunks: int = 1
+
+    def regs(self) -> int:
+        """32-bit registers per thread holding the cached slice as float32."""
+        return self.per_thread * self.vec
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _vec_budget(vec: int) -> int:
+    """Vectors a thread can cache within ``_REGS`` registers (as float32: exp(x - max) is kept)."""
+    return max(1, _REGS // vec)
+
+
+def _block_plan(nvec: int, vec: int, max_lanes: int) -> CudaPlan:
+    """Whole-block layout for ``nvec`` vectors: the fewest lanes (a multiple of 32) whose threads' register
+    budget holds them, so that blocks stay small (several per SM) with many bytes in flight per thread."""
+    lanes = min(max_lanes, _ceil(_ceil(nvec, _vec_budget(vec)), 32) * 32)
+    return CudaPlan(lanes, vec, _ceil(nvec, lanes))
+
+
+def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
+    """Pick the CUDA layout for a [rows, cols] softmax (see the module docstring)."""
+    itemsize = tvm.DataType(dtype).bits // 8
+    vec = math.gcd(cols, 16 // itemsize)  # 16 bytes when the row length keeps rows 16-byte aligned
+    nvec = cols // vec
+    sms = _SMS.get(arch, 132)
+    if nvec <= 32 * _vec_budget(vec):  # fits a warp: <= 32 lanes per row
+        lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
+        return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
+    whole = _block_plan(nvec, vec, 1024)
+    few = rows < sms and rows * cols * itemsize >= _SPLIT_BYTES  # one block per row would leave SMs idle
+    if not few and whole.regs() <= _REGS:
+        return whole
+    if not few and whole.per_thread * whole.lanes * vec * 4 <= _SMEM.get(arch, 48 * 1024):  # float32 cache
+        return CudaPlan(whole.lanes, vec, whole.per_thread, cache="shared.dyn")
+    # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
+    fit = _ceil(nvec, 512 * _vec_budget(vec))
+    chunks = max(fit, _ceil(4 * sms, rows))
+    pow2 = 1 << (chunks - 1).bit_length()
+    chunks = pow2 if nvec % pow2 == 0 else chunks
+    chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
+    return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
+
+
+def _schedule(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:
+    """A schedule of a tiled definition, keeping the kernel's name tag."""
+    return s_tir.Schedule(func.with_attr(KERNEL_ATTR, kind))
+
+
+def _thread_slice(sch: s_tir.Schedule, block, plan: CudaPlan, vectorize: bool) -> None:
+    """Loops (j, l, v) of a block computed at the row/chunk level: l -> threadIdx.x, j unrolled, v
+    vectorised (loads) or unrolled (reductions, which need the thread loop outermost)."""
+    j, lane, v = sch.get_loops(block)[-3:]
+    sch.reorder(*((j, lane, v) if plan.per_thread == 1 else (lane, j, v)))
+    sch.bind(lane, "threadIdx.x")
+    sch.unroll(j)
+    (sch.vectorize if vectorize else sch.unroll)(v)
+
+
+def _schedule_store(sch: s_tir.Schedule) -> None:
+    """store (l -> threadIdx.x, vector stores) with normalize computed per vector into registers."""
+    store, norm = sch.get_sblock("store"), sch.get_sblock("normalize")
+    *_, j, lane, v = sch.get_loops(store)
+    sch.reorder(lane, j, v)
+    sch.bind(lane, "threadIdx.x")
+    sch.unroll(j)
+    sch.vectorize(v)
+    sch.compute_at(norm, j, preserve_unit_loops=True)
+    sch.unroll(sch.get_loops(norm)[-1])
+    sch.set_scope(norm, 0, "local")
+
+
+def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -> s_tir.Schedule:
+    """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
+    if plan.chunks > 1:
+        return _schedule_cuda_split(rows, cols, dtype, kind, plan)
+    # A float32 cache in shared memory: CUDA rejects differently typed `extern __shared__` arrays of one name
+    # (TVM names it after the buffer) in one module, as float32 and float16 kernels would have.
+    cache = softmax_tir.ACC if plan.cache == "shared.dyn" else dtype
+    sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread, cache), kind)
+    r = sch.get_loops(sch.get_sblock("store"))[0]
+    bx, ty = sch.split(r, [None, plan.rows_per_block])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    _schedule_store(sch)
+    cached = ("row_sum", "exp", "row_max", "load")
+    if plan.cache == "shared.dyn":  # too long a row to keep exp(x - max) in registers: recompute it
+        sch.compute_inline(sch.get_sblock("exp"))
+        cached = ("row_sum", "row_max", "load")
+    for name in cached:
+        block = sch.get_sblock(name)
+        sch.compute_at(block, ty, preserve_unit_loops=True)
+        _thread_slice(sch, block, plan, vectorize=name == "load")
+        sch.set_scope(block, 0, plan.cache if name == "load" else "local")
+    return sch
+
+
+def _schedule_cuda_split(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -> s_tir.Schedule:
+    sch = _schedule(softmax_tir.cuda_split(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread, plan.chunks), kind)
+    # Kernel 1: one block per (row, chunk); partials reduced across threads into registers, then stored.
+    bx = sch.fuse(*sch.get_loops(sch.get_sblock("save"))[:2])
+    sch.bind(bx, "blockIdx.x")
+    for name in ("part_sum", "part_max", "load_1"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, bx, preserve_unit_loops=True)
+        _thread_slice(sch, block, plan, vectorize=name == "load_1")
+        sch.set_scope(block, 0, "local")
+    # Kernel 2: each block combines its row's partials, then normalises its chunk.
+    r, p = sch.get_loops(sch.get_sblock("store"))[:2]
+    bx = sch.fuse(r, p)
+    sch.bind(bx, "blockIdx.x")
+    _schedule_store(sch)
+    for name in ("row_sum", "row_max"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, bx, preserve_unit_loops=True)
+        _, lane = sch.split(sch.get_loops(block)[-1], [None, plan.lanes])
+        sch.reorder(lane, sch.get_loops(block)[-2])
+        sch.bind(lane, "threadIdx.x")
+        sch.set_scope(block, 0, "local")
+    load = sch.get_sblock("load_2")
+    sch.compute_at(load, bx, preserve_unit_loops=True, index=-2)  # issue the chunk's loads first
+    _thread_slice(sch, load, plan, vectorize=True)
+    sch.set_scope(load, 0, "local")
+    return sch
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) -> s_tir.Schedule:
+    """Rows in parallel, each row's passes vectorised to the target's vector width."""
+    from tvm.target.codegen import llvm_get_vector_width
+
+    lanes = max(4, llvm_get_vector_width(target) // 32)
+    sch = _schedule(softmax_tir.cpu(rows, cols, dtype, kind, lanes), kind)
+    sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
+    return sch
+
+
+# ---------------------------------------------------------------- the rule
+
+
+def recognize(func: tirx.PrimFunc) -> tuple[int, int, str, str] | None:
+    """(rows, cols, dtype, kind) when ``func`` is exactly a canonical softmax kernel, else None."""
+    kind = func.attrs.get(KERNEL_ATTR) if func.attrs is not None else None
+    if kind not in KINDS or len(func.params) != 2:
+        return None
+    x = func.params[0]
+    if len(x.shape) != 2 or not all(isinstance(d, tirx.IntImm) for d in x.shape) or str(x.dtype) not in DTYPES:
+        return None
+    rows, cols, dtype = int(x.shape[0]), int(x.shape[1]), str(x.dtype)
+    expected = softmax_tir.canonical(rows, cols, dtype, str(kind)).with_attrs(dict(func.attrs))
+    if not tvm_ffi.structural_equal(func, expected):
+        return None
+    return rows, cols, dtype, str(kind)
+
+
+class Softmax(ScheduleRule):
+    """Schedules the canonical softmax / log_softmax kernel for CUDA and CPU (see module docstring)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        found = recognize(func) if isinstance(func, tirx.PrimFunc) else None
+        if found is None:
+            return None
+        if target.kind.name == "cuda":
+            return schedule_cuda(*found, cuda_plan(*found[:3], str(target.attrs.get("arch", ""))))
+        if target.kind.name == "llvm":
+            return schedule_cpu(*found, target)
+        return None

@@ -1,0 +1,287 @@
+"""TensorIR definitions of (log-)softmax over the last axis of a ``rows x cols`` tensor.
+
+``canonical`` is what legalisation emits: the plain three-block softmax (row max, sum of exponentials,
+normalise) with float32 accumulation. The other functions restate the same computation in the tiled
+index space that a schedule needs, because TVM's ``transform_layout`` / ``transform_block_layout``
+cannot pad a row to a tile multiple nor keep a thread's slice of the row compact:
+
+- ``cuda_rows``: one row per group of ``lanes`` threads; each thread holds ``per_thread`` vectors of
+  ``vec`` elements, element ``((j * lanes) + l) * vec + v`` of the row (coalesced, 128-bit when
+  ``vec * itemsize == 16``), cached on chip and read from memory once.
+- ``cuda_split``: the same tiling over ``chunks`` slices of a long row, in two kernels: per-chunk
+  (max, sum of exp) partials, then a combine + normalise pass.
+- ``cpu``: one block per row, three vectorised passes (max, exp with sum, scale) with ``vexp``.
+
+Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x - max))`` and
+``y = x - max - log(sum(exp(x - max)))`` over the row, computed in float32 for every input type.
+``-inf`` entries give 0, a row holding NaN or ``+inf`` gives NaN, huge magnitudes stay finite.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+ACC = "float32"
+
+
+def _normalized(kind: str, x, row_max, row_sum, exp=T.exp):
+    """One output element (float32) from the float32 input value and the row's statistics."""
+    if kind == "log_softmax":
+        return x - row_max - T.log(row_sum)
+    return exp(x - row_max) * (T.float32(1) / row_sum)
+
+
+def canonical(rows: int, cols: int, dtype: str, kind: str):
+    """The PrimFunc legalisation emits for ``kind`` ("softmax" / "log_softmax") of a [rows, cols] tensor."""
+
+    @T.prim_func(s_tir=True)
+    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        row_max = T.sblock_alloc_buffer((rows,), ACC)
+        row_sum = T.sblock_alloc_buffer((rows,), ACC)
+        for r, k in T.grid(rows, cols):
+            with T.sblock("row_max"):
+                vr, vk = T.axis.remap("SR", [r, k])
+                with T.init():
+                    row_max[vr] = T.min_value(ACC)
+                row_max[vr] = T.max(row_max[vr], T.Cast(ACC, x[vr, vk]))
+        for r, k in T.grid(rows, cols):
+            with T.sblock("row_sum"):
+                vr, vk = T.axis.remap("SR", [r, k])
+                with T.init():
+                    row_sum[vr] = T.float32(0)
+                row_sum[vr] = row_sum[vr] + T.exp(T.Cast(ACC, x[vr, vk]) - row_max[vr])
+        for r, k in T.grid(rows, cols):
+            with T.sblock("normalize"):
+                vr, vk = T.axis.remap("SS", [r, k])
+                y[vr, vk] = T.Cast(dtype, _normalized(kind, T.Cast(ACC, x[vr, vk]), row_max[vr], row_sum[vr]))
+
+    return func
+
+
+def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cache: str = ""):
+    """Row-resident softmax: blocks load / row_max / row_sum / normalize / store over [r, j, l, v].
+
+    ``cache`` is the dtype of the cached row (default: the input's).
+    """
+    nvec = cols // vec  # vectors per row; slots j * lanes + l >= nvec are padding
+    J, L, V = per_thread, lanes, vec
+    cache = cache or dtype
+
+    @T.prim_func(s_tir=True)
+    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        xc = T.sblock_alloc_buffer((rows, J, L, V), cache)
+        row_max = T.sblock_alloc_buffer((rows,), ACC)
+        ec = T.sblock_alloc_buffer((rows, J, L, V), ACC)  # exp(x - max), computed once per element
+        row_sum = T.sblock_alloc_buffer((rows,), ACC)
+        yc = T.sblock_alloc_buffer((rows, J, L, V), dtype)
+        for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("load"):
+                vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
+                xc[vr, vj, vl, vv] = T.if_then_else(
+                    vj * L + vl < nvec, T.Cast(cache, x[vr, (vj * L + vl) * V + vv]), T.Cast(cache, T.float32("-inf"))
+                )
+        for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("row_max"):
+                vr, vj, vl, vv = T.axis.remap("SRRR", [r, j, l, v])
+                with T.init():
+                    row_max[vr] = T.min_value(ACC)
+                row_max[vr] = T.max(row_max[vr], T.Cast(ACC, xc[vr, vj, vl, vv]))
+        for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("exp"):
+                vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
+                ec[vr, vj, vl, vv] = T.exp(T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr])
+        for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("row_sum"):
+                vr, vj, vl, vv = T.axis.remap("SRRR", [r, j, l, v])
+                with T.init():
+                    row_sum[vr] = T.float32(0)
+                row_sum[vr] = row_sum[vr] + ec[vr, vj, vl, vv]
+        for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("normalize"):
+                vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
+                if kind == "log_softmax":
+                    yc[vr, vj, vl, vv] = T.Cast(dtype, T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr] - T.log(row_sum[vr]))
+                else:
+                    yc[vr, vj, vl, vv] = T.Cast(dtype, ec[vr, vj, vl, vv] * (T.float32(1) / row_sum[vr]))
+        for r, j, l, v in T.grid(rows, J, L, V):
+            with T.sblock("store"):
+                vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
+                if vj * L + vl < nvec:
+                    y[vr, (vj * L + vl) * V + vv] = yc[vr, vj, vl, vv]
+
+    return func
+
+
+def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, chunks: int):
+    """Split-row softmax: kernel 1 writes per-chunk (max, sum exp(x - max)); kernel 2 combines them
+    (``S = sum_q s_q * exp(m_q - M)``) and normalises its chunk. Chunk ``p`` holds row vectors
+    ``(p * per_thread + j) * lanes + l``."""
+    nvec = cols // vec
+    J, L, V, P = per_thread, lanes, vec, chunks
+
+    @T.prim_func(s_tir=True)
+    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        xa = T.sblock_alloc_buffer((rows, P, J, L, V), dtype)
+        part_max = T.sblock_alloc_buffer((rows, P), ACC)
+        part_sum = T.sblock_alloc_buffer((rows, P), ACC)
+        part = T.sblock_alloc_buffer((rows, P, 2), ACC)  # kernel 1 -> kernel 2: (max, sum) per chunk
+        xb = T.sblock_alloc_buffer((rows, P, J, L, V), dtype)
+        row_max = T.sblock_alloc_buffer((rows, P), ACC)
+        row_sum = T.sblock_alloc_buffer((rows, P), ACC)
+        yb = T.sblock_alloc_buffer((rows, P, J, L, V), dtype)
+        for r, p, j, l, v in T.grid(rows, P, J, L, V):
+            with T.sblock("load_1"):
+                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
+                xa[vr, vp, vj, vl, vv] = T.if_then_else(
+                    (vp * J + vj) * L + vl < nvec,
+                    x[vr, ((vp * J + vj) * L + vl) * V + vv],
+                    T.Cast(dtype, T.float32("-inf")),
+                )
+        for r, p, j, l, v in T.grid(rows, P, J, L, V):
+            with T.sblock("part_max"):
+                vr, vp, vj, vl, vv = T.axis.remap("SSRRR", [r, p, j, l, v])
+                with T.init():
+                    part_max[vr, vp] = T.min_value(ACC)
+                part_max[vr, vp] = T.max(part_max[vr, vp], T.Cast(ACC, xa[vr, vp, vj, vl, vv]))
+        for r, p, j, l, v in T.grid(rows, P, J, L, V):
+            with T.sblock("part_sum"):
+                vr, vp, vj, vl, vv = T.axis.remap("SSRRR", [r, p, j, l, v])
+                with T.init():
+                    part_sum[vr, vp] = T.float32(0)
+                part_sum[vr, vp] = part_sum[vr, vp] + T.exp(T.Cast(ACC, xa[vr, vp, vj, vl, vv]) - part_max[vr, vp])
+        for r, p, i in T.grid(rows, P, 2):
+            with T.sblock("save"):
+                vr, vp, vi = T.axis.remap("SSS", [r, p, i])
+                part[vr, vp, vi] = T.Select(vi == 0, part_max[vr, vp], part_sum[vr, vp])
+        # Kernel 2 walks the chunks in reverse, so it starts on those kernel 1 read last (still in L2).
+        for r, p, j, l, v in T.grid(rows, P, J, L, V):
+            with T.sblock("load_2"):
+                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
+                xb[vr, vp, vj, vl, vv] = T.if_then_else(
+                    ((P - 1 - vp) * J + vj) * L + vl < nvec,
+                    x[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv],
+                    T.Cast(dtype, T.float32("-inf")),
+                )
+        for r, p, q in T.grid(rows, P, P):
+            with T.sblock("row_max"):
+                vr, vp, vq = T.axis.remap("SSR", [r, p, q])
+                with T.init():
+                    row_max[vr, vp] = T.min_value(ACC)
+                row_max[vr, vp] = T.max(row_max[vr, vp], part[rows - 1 - vr, vq, 0])
+        for r, p, q in T.grid(rows, P, P):
+            with T.sblock("row_sum"):
+                vr, vp, vq = T.axis.remap("SSR", [r, p, q])
+                with T.init():
+                    row_sum[vr, vp] = T.float32(0)
+                row_sum[vr, vp] = row_sum[vr, vp] + part[rows - 1 - vr, vq, 1] * T.exp(
+                    part[rows - 1 - vr, vq, 0] - row_max[vr, vp]
+                )
+        for r, p, j, l, v in T.grid(rows, P, J, L, V):
+            with T.sblock("normalize"):
+                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
+                yb[vr, vp, vj, vl, vv] = T.Cast(
+                    dtype, _normalized(kind, T.Cast(ACC, xb[vr, vp, vj, vl, vv]), row_max[vr, vp], row_sum[vr, vp])
+                )
+        for r, p, j, l, v in T.grid(rows, P, J, L, V):
+            with T.sblock("store"):
+                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
+                if ((P - 1 - vp) * J + vj) * L + vl < nvec:
+                    y[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv] = yb[vr, vp, vj, vl, vv]
+
+    return func
+
+
+def vexp(value):
+    """float32 ``exp`` from +, *, floor and bit shifts (the Cephes ``expf`` polynomial, ~1 ulp).
+
+    Hand-written because LLVM scalarises ``llvm.exp`` on vectors into libm calls, and TVM's
+    ``fast_exp`` clamps NaN away (a NaN row must stay NaN). Here ``exp(-inf) = 0``, ``exp(+inf) = inf``
+    and NaN propagates; results below 2^-126 flush to 0 and arguments above 88 give inf (softmax only
+    evaluates x - max <= 0).
+    """
+    f32 = lambda c: tirx.const(c, ACC)  # noqa: E731
+    lo, hi = f32(-87.33654), f32(88.0)
+    v, t, n, f = (tirx.Var(name, ACC) for name in "vtnf")
+    poly = f32(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        poly = poly * f + f32(c)
+    poly = poly * f * f + f + f32(1)
+    # t = v / ln2 + 1.5 * 2^23 rounds v / ln2 to the integer n held in t's low mantissa bits, so
+    # (bits(t) << 23) + (127 << 23) are the bits of 2^n: no float -> int conversion (undefined for NaN).
+    # Out-of-range v is answered by the Selects; NaN flows through poly.
+    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.reinterpret("int32", t), 23) + (127 << 23))
+    body = tirx.Select(v < lo, f32(0), tirx.Select(v > hi, f32(float("inf")), poly * two_n))
+    body = tirx.Let(f, v - n * f32(0.693359375) + n * f32(2.12194440e-4), body)
+    body = tirx.Let(n, t - f32(12582912.0), body)
+    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(12582912.0), body)
+    return tirx.Let(v, value, body)
+
+
+def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
+    """One block per row (the schedule runs rows in parallel): three passes over the row while it is in
+    cache, a ``lanes``-wide running max, ``exp(x - max)`` with a running sum, and the scaling.
+
+    The vector loops are written vectorised, the ``cols % lanes`` tail scalar: TVM's ``vectorize`` refuses
+    a loop that carries a reduction, and ``rfactor`` does not compose with ``compute_at``. A float32 softmax
+    keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does); otherwise it is
+    recomputed, so a float16 ``y`` never holds an unscaled, twice-rounded value.
+    """
+    full, tail = divmod(cols, lanes)
+    keep = kind == "softmax" and dtype == ACC
+
+    def exp_of(x, y, r, k, stat):
+        """exp(x[r, k] - row max): kept in y, or computed."""
+        return y[r, k] if keep else vexp(T.Cast(ACC, x[r, k]) - stat[0])
+
+    def value(x, y, r, k, stat):
+        """Output element k of row r, with stat = (row max, 1 / row sum or log row sum)."""
+        if kind == "log_softmax":
+            return T.Cast(dtype, T.Cast(ACC, x[r, k]) - stat[0] - stat[1])
+        return T.Cast(dtype, exp_of(x, y, r, k, stat) * stat[1])
+
+    @T.prim_func(s_tir=True)
+    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for r in range(rows):
+            with T.sblock("row"):
+                vr = T.axis.spatial(rows, r)
+                T.reads(x[vr, 0:cols])  # y is read only where this block wrote it
+                T.writes(y[vr, 0:cols])
+                acc = T.sblock_alloc_buffer((lanes,), ACC)  # "global" scope: on the stack ("local": heap)
+                stat = T.sblock_alloc_buffer((2,), ACC)
+                for l in T.vectorized(lanes):
+                    acc[l] = T.min_value(ACC)
+                for ko in range(full):
+                    for l in T.vectorized(lanes):
+                        acc[l] = T.max(acc[l], T.Cast(ACC, x[vr, ko * lanes + l]))
+                for t in range(tail):
+                    acc[t] = T.max(acc[t], T.Cast(ACC, x[vr, full * lanes + t]))
+                stat[0] = acc[0]
+                for l in range(1, lanes):
+                    stat[0] = T.max(stat[0], acc[l])
+                for l in T.vectorized(lanes):
+                    acc[l] = T.float32(0)
+                for ko in range(full):
+                    for l in T.vectorized(lanes):
+                        if keep:
+                            y[vr, ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
+                        acc[l] = acc[l] + exp_of(x, y, vr, ko * lanes + l, stat)
+                for t in range(tail):
+                    if keep:
+                        y[vr, full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
+                    acc[t] = acc[t] + exp_of(x, y, vr, full * lanes + t, stat)
+                stat[1] = acc[0]
+                for l in range(1, lanes):
+                    stat[1] = stat[1] + acc[l]
+                stat[1] = T.log(stat[1]) if kind == "log_softmax" else T.float32(1) / stat[1]
+                for ko in range(full):
+                    for l in T.vectorized(lanes):
+                        y[vr, ko * lanes + l] = value(x, y, vr, ko * lanes + l, stat)
+                for t in range(tail):
+                    y[vr, full * lanes + t] = value(x, y, vr, full * lanes + t, stat)
+
+    return func

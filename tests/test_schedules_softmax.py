@@ -1,0 +1,228 @@
+"""Softmax / LogSoftmax: legalisation, the rule, CPU numerics vs float64, CUDA kernels' structure and definitions.
+
+The numerics contract (``reference``, ``sample`` with special values, ``mismatches``) is shared with the GPU
+check in ``benchmarks/softmax.py``, which runs the same cases on the H200.
+"""
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto as TP
+from onnx import helper
+from tvm.script import tirx as T
+
+from benchmarks.softmax import CHECK_COLS, compile_cases, mismatches, reference, sample
+from helpers import compile_and_compare, make_model, rel_err, run_cli, save
+from schedules import softmax as S
+from schedules import softmax_tir
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "thread_warp_size": 32,
+                          "max_shared_memory_per_block": 49152})
+
+
+def _cases(rows: int, names=("tvmpipe",)) -> list[dict]:
+    cases = [{"impl": impl, "kind": k, "dtype": d, "rows": rows, "cols": c}
+             for impl in names for k in S.KINDS for d in S.DTYPES for c in CHECK_COLS]
+    for c in cases:
+        c["name"] = f"{c['impl']}_{c['kind']}_{c['dtype']}_{c['cols']}"
+    return cases
+
+
+def test_cpu_numerics_odd_sizes_and_special_values(rng):
+    """The pipeline's CPU kernels for every odd row length, dtype and kind, on rows holding -inf, +inf,
+    NaN, +-3e38 and equal values, against float64."""
+    cases = _cases(rows=9)
+    exe, _ = compile_cases(cases, "cpu")
+    assert {c["schedule"] for c in cases} == {"hand:Softmax"}
+    for case in cases:
+        x = sample(9, case["cols"], case["dtype"], rng)
+        y = tvm.runtime.tensor(np.full_like(x, np.nan))
+        exe[case["name"]](tvm.runtime.tensor(x), y)
+        bad, err = mismatches(y.numpy(), x, case["kind"])
+        assert bad == 0, f"{case['name']}: {bad} elements off (max err {err:.2e})"
+
+
+def test_special_value_semantics():
+    """What the contract means, on a handful of rows (the reference is numpy's own arithmetic)."""
+    x = np.array([[1e30, 3e38, -3e38], [-np.inf, 0, 0], [np.inf, 0, 0], [np.nan, 0, 0], [-np.inf] * 3, [7, 7, 7]])
+    y = reference(x, "softmax")
+    np.testing.assert_array_equal(y[0], [0, 1, 0])
+    np.testing.assert_array_equal(y[1], [0, 0.5, 0.5])
+    assert np.isnan(y[2:5]).all()
+    np.testing.assert_allclose(y[5], 1 / 3)
+
+
+def _plans(cols: int, dtype: str) -> set:
+    return {S.cuda_plan(rows, cols, dtype, "sm_90") for rows in (5, 257)}
+
+
+def test_cuda_definitions_on_cpu(rng):
+    """The tiled CUDA definitions (padding, chunking, the partial-combine formula), unscheduled, on the CPU."""
+    funcs, runs = {}, []
+    for dtype in S.DTYPES:
+        for cols in CHECK_COLS:
+            for i, plan in enumerate(sorted(_plans(cols, dtype), key=repr)):
+                for kind in S.KINDS:
+                    name = f"{kind}_{dtype}_{cols}_{i}"
+                    args = (7, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread)
+                    func = softmax_tir.cuda_split(*args, plan.chunks) if plan.chunks > 1 else softmax_tir.cuda_rows(*args)
+                    funcs[name] = func.with_attr("global_symbol", name)
+                    runs.append((name, cols, dtype, kind))
+    exe = tvm.compile(tvm.IRModule(funcs), "llvm")
+    for name, cols, dtype, kind in runs:
+        x = sample(7, cols, dtype, rng)
+        y = tvm.runtime.tensor(np.full_like(x, np.nan))
+        exe[name](tvm.runtime.tensor(x), y)
+        assert mismatches(y.numpy(), x, kind)[0] == 0, name
+
+
+@pytest.mark.parametrize(
+    "rows, cols, dtype, regime",
+    [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 4096, "float32", "block"),
+     (1024, 32768, "float16", "block"), (4096, 50257, "float32", "shared"), (16, 1 << 20, "float32", "split"),
+     (128, 131072, "float16", "split")],
+)
+def test_cuda_source_structure(rows, cols, dtype, regime):
+    """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, one read of the input."""
+    plan = S.cuda_plan(rows, cols, dtype, "sm_90")
+    assert (plan.chunks > 1, plan.cache == "shared.dyn", plan.lanes <= 32) == (
+        regime == "split", regime == "shared", regime == "warp")
+    src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
+    kernels = src.count("__global__") // 2  # declaration + definition
+    assert kernels == (2 if regime == "split" else 1)
+    assert "__shfl_down_sync" in src
+    vector = "float4" if dtype == "float32" else "uint4"
+    if cols % (16 // np.dtype(dtype).itemsize) == 0:
+        assert f"*({vector}*)(x_ptr" in src and f"*({vector}*)(y_ptr" in src
+    assert ("extern __shared__" in src) == (regime == "shared")
+    # The row is loaded once (twice across the two kernels of the split schedule): count x_ptr loads.
+    assert src.count("x_ptr + ") + src.count("x_ptr[") == kernels * plan.per_thread
+
+
+# DLight-style Before/After: the canonical kernel of a 64 x 128 float32 softmax and its warp schedule
+# (8 lanes per row, 4 float4 per lane, 32 rows per 256-thread block, exp(x - max) kept in registers).
+@T.prim_func(s_tir=True)
+def _after(x: T.Buffer((64, 128), "float32"), y: T.Buffer((64, 128), "float32")):
+    T.func_attr({"tirx.noalias": True, "tvmpipe.kernel": "softmax"})
+    xc_local = T.sblock_alloc_buffer((64, 4, 8, 4), scope="local")
+    row_max_local = T.sblock_alloc_buffer((64,), scope="local")
+    ec_local = T.sblock_alloc_buffer((64, 4, 8, 4), scope="local")
+    row_sum_local = T.sblock_alloc_buffer((64,), scope="local")
+    yc_local = T.sblock_alloc_buffer((64, 4, 8, 4), scope="local")
+    for r_0 in T.thread_binding(2, thread="blockIdx.x"):
+        for r_1 in T.thread_binding(32, thread="threadIdx.y"):
+            for ax0 in range(1):
+                for ax2 in T.thread_binding(8, thread="threadIdx.x"):
+                    for ax1 in T.unroll(4):
+                        for ax3 in T.vectorized(4):
+                            with T.sblock("load"):
+                                vr = T.axis.spatial(64, r_0 * 32 + r_1 + ax0)
+                                vj, vl, vv = T.axis.remap("SSS", [ax1, ax2, ax3])
+                                T.reads(x[vr, (vj * 8 + vl) * 4 + vv])
+                                T.writes(xc_local[vr, vj, vl, vv])
+                                xc_local[vr, vj, vl, vv] = T.if_then_else(
+                                    vj * 8 + vl < 32, T.Cast("float32", x[vr, (vj * 8 + vl) * 4 + vv]),
+                                    T.Cast("float32", T.float32("-inf")))
+            for ax0 in range(1):
+                for ax2 in T.thread_binding(8, thread="threadIdx.x"):
+                    for ax1 in T.unroll(4):
+                        for ax3 in T.unroll(4):
+                            with T.sblock("row_max"):
+                                vr = T.axis.spatial(64, r_0 * 32 + r_1 + ax0)
+                                vj, vl, vv = T.axis.remap("RRR", [ax1, ax2, ax3])
+                                T.reads(xc_local[vr, vj, vl, vv])
+                                T.writes(row_max_local[vr])
+                                with T.init():
+                                    row_max_local[vr] = T.min_value("float32")
+                                row_max_local[vr] = T.max(row_max_local[vr], T.Cast("float32", xc_local[vr, vj, vl, vv]))
+            for ax0 in range(1):
+                for ax2 in T.thread_binding(8, thread="threadIdx.x"):
+                    for ax1 in T.unroll(4):
+                        for ax3 in T.unroll(4):
+                            with T.sblock("exp"):
+                                vr = T.axis.spatial(64, r_0 * 32 + r_1 + ax0)
+                                vj, vl, vv = T.axis.remap("SSS", [ax1, ax2, ax3])
+                                T.reads(xc_local[vr, vj, vl, vv], row_max_local[vr])
+                                T.writes(ec_local[vr, vj, vl, vv])
+                                ec_local[vr, vj, vl, vv] = T.exp(T.Cast("float32", xc_local[vr, vj, vl, vv]) - row_max_local[vr])
+            for ax0 in range(1):
+                for ax2 in T.thread_binding(8, thread="threadIdx.x"):
+                    for ax1 in T.unroll(4):
+                        for ax3 in T.unroll(4):
+                            with T.sblock("row_sum"):
+                                vr = T.axis.spatial(64, r_0 * 32 + r_1 + ax0)
+                                vj, vl, vv = T.axis.remap("RRR", [ax1, ax2, ax3])
+                                T.reads(ec_local[vr, vj, vl, vv])
+                                T.writes(row_sum_local[vr])
+                                with T.init():
+                                    row_sum_local[vr] = T.float32(0.0)
+                                row_sum_local[vr] = row_sum_local[vr] + ec_local[vr, vj, vl, vv]
+            for l in T.thread_binding(8, thread="threadIdx.x"):
+                for j in T.unroll(4):
+                    for ax0, ax1, ax2 in T.grid(1, 1, 1):
+                        for ax3 in T.unroll(4):
+                            with T.sblock("normalize"):
+                                vr = T.axis.spatial(64, r_0 * 32 + r_1 + ax0)
+                                vj = T.axis.spatial(4, j + ax1)
+                                vl = T.axis.spatial(8, l + ax2)
+                                vv = T.axis.spatial(4, ax3)
+                                T.reads(ec_local[vr, vj, vl, vv], row_sum_local[vr])
+                                T.writes(yc_local[vr, vj, vl, vv])
+                                yc_local[vr, vj, vl, vv] = T.Cast(
+                                    "float32", ec_local[vr, vj, vl, vv] * (T.float32(1.0) / row_sum_local[vr]))
+                    for v in T.vectorized(4):
+                        with T.sblock("store"):
+                            vr = T.axis.spatial(64, r_0 * 32 + r_1)
+                            vj, vl, vv = T.axis.remap("SSS", [j, l, v])
+                            T.reads(yc_local[vr, vj, vl, vv])
+                            T.writes(y[vr, (vj * 8 + vl) * 4 + vv])
+                            if vj * 8 + vl < 32:
+                                y[vr, (vj * 8 + vl) * 4 + vv] = yc_local[vr, vj, vl, vv]
+
+
+def test_rule_before_after():
+    before = softmax_tir.canonical(64, 128, "float32", "softmax").with_attrs({S.KERNEL_ATTR: "softmax", "op_pattern": 8})
+    sch = S.Softmax().apply(before, CUDA, False)
+    tvm.ir.assert_structural_equal(sch.mod["main"].without_attr("global_symbol"), _after.without_attr("global_symbol"))
+
+
+def test_rule_declines_other_kernels():
+    tagged = softmax_tir.canonical(4, 8, "float32", "softmax").with_attr(S.KERNEL_ATTR, "softmax")
+    assert S.Softmax().apply(tagged, CUDA, False) is not None
+    assert S.Softmax().apply(tagged.with_attr(S.KERNEL_ATTR, "log_softmax"), CUDA, False) is None  # body differs
+    assert S.Softmax().apply(softmax_tir.canonical(4, 8, "float32", "softmax"), CUDA, False) is None  # untagged
+    assert S.Softmax().apply(tagged, tvm.target.Target("c"), False) is None
+
+
+def test_cli_any_axis_log_softmax_and_default_schedules(capsys, tmp_path, rng):
+    """Softmax over axes 0 / 1 / -1 and LogSoftmax of a 3-D float16 input through the CLI: our kernels by
+    default, TVM's with --no-custom-schedules; both match onnxruntime."""
+    nodes = [helper.make_node("Softmax", ["x"], ["a"], axis=0), helper.make_node("LogSoftmax", ["x"], ["b"], axis=1),
+             helper.make_node("Softmax", ["x"], ["c"], axis=-1)]
+    model = make_model(nodes, [("x", TP.FLOAT16, [3, 5, 33])], [(n, TP.FLOAT16, [3, 5, 33]) for n in "abc"])
+    x = (rng.standard_normal((3, 5, 33)) * 4).astype(np.float16)
+    for extra, hand in (((), 3), (("--no-custom-schedules",), 0)):
+        ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x}, extra_args=extra)
+        for name in "abc":
+            assert rel_err(ours[name], ref[name]) < 2e-3, (extra, name)
+        with zipfile.ZipFile(tmp_path / "model.tvmpkg") as zf:
+            kernels = json.loads(zf.read("manifest.json"))["kernels"]
+        assert sum(v == "hand:Softmax" for v in kernels.values()) == hand, kernels
+
+
+def test_cuda_package_builds_every_regime(capsys, tmp_path):
+    """``tvmpipe compile --target cuda-sm90`` of softmaxes of every regime and both dtypes: NVRTC accepts the
+    module (float32 and float16 shared-memory kernels side by side) and all of them are ours."""
+    shapes = {"a": (4096, 1024, TP.FLOAT), "b": (4096, 4096, TP.FLOAT16), "c": (4096, 50257, TP.FLOAT),
+              "d": (4096, 50257, TP.FLOAT16), "e": (16, 1 << 20, TP.FLOAT16)}
+    nodes = [helper.make_node("Softmax", [n], [n + "_y"], axis=-1) for n in shapes]
+    model = make_model(nodes, [(n, t, [r, c]) for n, (r, c, t) in shapes.items()],
+                       [(n + "_y", t, [r, c]) for n, (r, c, t) in shapes.items()])
+    r = run_cli(capsys, "compile", save(model, tmp_path / "m.onnx"), "--target", "cuda-sm90", "-o", tmp_path / "m.tvmpkg")
+    assert r.code == 0, r.err
+    assert "5 kernels" in r.out and "cubin" in r.out
+    with zipfile.ZipFile(tmp_path / "m.tvmpkg") as zf:
+        assert set(json.loads(zf.read("manifest.json"))["kernels"].values()) == {"hand:Softmax"}
