@@ -72,6 +72,9 @@ def machine(gpu: bool) -> dict:
     if gpu:
         import tvm
 
+        from compiler.runtime import load_cuda_runtime
+
+        load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
         info["gpu"] = tvm.cuda(0).device_name
         info["gpu_compute"] = tvm.cuda(0).compute_version
     return info

@@ -246,6 +246,10 @@ def run(out: Path) -> None:
     import tvm
     import tvm_ffi
 
+    from compiler.runtime import load_cuda_runtime
+
+    load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
+
     cases = json.loads((BUILD / "cases.json").read_text())
     lib = tvm.runtime.load_module(str(BUILD / "kernels.so"))
     device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
@@ -263,7 +267,7 @@ def run(out: Path) -> None:
                 reps = max(5, min(100, int(2e10 / nbytes)))
                 copy_tbps = nbytes / _gpu_bench(lambda: y.copy_(x), reps) / 1e9
                 timed = [  # (impl, schedule, fn returning the output)
-                    (c["impl"], c.get("plan", c["schedule"]), lambda f=lib[c["name"]]: (f(xt, yt), y)[1])
+                    (c["impl"], c.get("plan") or c.get("schedule", "?"), lambda f=lib[c["name"]]: (f(xt, yt), y)[1])
                     for c in cases if not c["check"] and (c["rows"], c["cols"], c["dtype"]) == (rows, cols, dt)
                 ]
                 timed.append(("torch", "torch.softmax", lambda: torch.softmax(x, dim=-1)))

@@ -35,7 +35,7 @@ class Timing:
         }
 
 
-def _load_cuda_runtime() -> None:
+def load_cuda_runtime() -> None:
     """Load TVM's CUDA runtime library; a runtime-only TVM does not (it autoloads backends only when
     its compiler is present), so without this no CUDA device exists there."""
     from pathlib import Path
@@ -71,7 +71,7 @@ def _check_compatible(manifest: dict, path: str) -> None:
     target = manifest["target"]
     if target["kind"] == "cuda":
         try:
-            _load_cuda_runtime()
+            load_cuda_runtime()
         except TvmpipeError as err:
             raise TvmpipeError(
                 f"{path} is built for {target['name']} ({target['arch']}) but this machine has no CUDA GPU ({err})"

@@ -46,6 +46,9 @@ def run(out: Path) -> int:
     import tvm
 
     from compiler import load, package
+    from compiler.runtime import load_cuda_runtime
+
+    load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
 
     model = onnx.load(make_model.MODEL)
     x = np.random.default_rng().standard_normal(SHAPE).astype(np.float32)
