@@ -4,8 +4,13 @@
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules.
 """
 
-RULES: list = []
+from . import attention
+
+RULES: list = [attention.Attention()]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.
-LEGALIZE: dict = {}
+LEGALIZE: dict = {
+    "relax.nn.attention": attention.legalize,
+    "relax.nn.attention_bias": attention.legalize,
+}

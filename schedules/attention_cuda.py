@@ -1,0 +1,394 @@
+"""Fused attention for CUDA: a FlashAttention-2 style tensor-core kernel, and a SIMT fallback.
+
+Why hand-written TVMScript and not schedule primitives: the two GEMMs share register-resident
+fragments (the fp32 score accumulators are re-packed in registers as the A operand of P·V, the
+FA2 layout trick), which tensorize-based schedules cannot express; TVM's own TIR prefill kernels
+(``relax/frontend/nn/llm/_prefill_kernels.py``, the starting point studied for this) run both
+GEMMs on CUDA cores through shared memory. So the kernel below is written at the level of PTX
+instructions (``mma.sync.m16n8k16``, ``ldmatrix``, ``cp.async``), with the same online-softmax
+skeleton as those kernels.
+
+Tensor-core kernel (fp16 / bf16, head_dim == head_dim_v in {32, 64, 96, 128}):
+
+* one CTA = ``BM = 16 * WARPS`` query rows of one (batch, head); each warp owns 16 rows, holding
+  its Q fragments in registers for the whole kernel (loaded once with ``ldmatrix``);
+* K and V stream through shared memory in tiles of ``BN`` keys with ``cp.async`` into a
+  ``STAGES``-deep ring: the copy of tile j+1 is in flight while tile j is computed;
+* S = Q·Kᵀ and O += P·V on ``mma.sync.m16n8k16`` with fp32 accumulators; rows are padded by 16
+  bytes in shared memory so ``ldmatrix`` and the copies are free of bank conflicts;
+* online softmax in registers with ``exp2`` and the scale folded into one FMA, row max/sum reduced
+  across the 4 lanes of a quad with shuffles; O is rescaled only when the running max moves;
+* causal: key tiles beyond the diagonal are never loaded, only the tiles crossing it (and the ragged
+  tail) are masked, and query tiles run heaviest-first; bias / key padding masks are added per score;
+  grouped-query heads read their shared K/V head; rows or keys past the sequence end are zero-filled
+  by ``cp.async`` (src-size 0) and masked, so any length works;
+* the epilogue stages O through shared memory for 16-byte coalesced stores.
+
+Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4): A regs a0..a3 hold rows
+(g, g+8, g, g+8) x cols (2t, 2t, 2t+8, 2t+8); B regs b0, b1 hold k rows 2t, 2t+8 of column g;
+C holds (g, 2t..2t+1) and (g+8, 2t..2t+1). Hence the S accumulators of n-tiles 2kk and 2kk+1 are,
+in register order, exactly the A fragment of P for k-step kk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm.script import tirx as T
+
+LOG2E = math.log2(math.e)
+TC_HEAD_DIMS = (32, 64, 96, 128)
+TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
+    """The fused kernel for ``spec`` (an ``AttentionSpec``): tensor cores where they apply."""
+    arch = str(target.attrs.get("arch", "sm_80"))
+    if (
+        spec.dtype in TC_DTYPES
+        and spec.head_dim == spec.head_dim_v
+        and spec.head_dim in TC_HEAD_DIMS
+        and int(arch.removeprefix("sm_")) >= 80
+    ):
+        return flash_mma(spec)
+    return flash_simt(spec)
+
+
+def _dim(x):
+    """Static extents as Python ints, so that index arithmetic stays 32-bit; symbolic ones as they are."""
+    return int(x) if isinstance(x, tvm.tirx.IntImm) else x
+
+
+def _mask_helpers(spec):
+    """(visible(row, key), bias_at(bias, b, h, row, key), causal offset) for a spec."""
+    causal = spec.causal != "none"
+    sq, skv = _dim(spec.seq_q), _dim(spec.seq_kv)
+    offset = T.max(sq - skv, skv - sq) if spec.causal == "BottomRight" else 0
+    bias_full = [not (isinstance(n, tvm.tirx.IntImm) and n.value == 1) for n in (spec.bias_shape or [1] * 3)[:3]]
+
+    def visible(row, key):
+        return tvm.tirx.all(key < skv, key <= row + offset) if causal else key < skv
+
+    def bias_at(bias, b, h, row, key):
+        idx = [x if full else 0 for x, full in zip((b, h, T.min(row, sq - 1)), bias_full)]
+        return T.Cast("float32", bias[(*idx, T.min(key, skv - 1))])
+
+    return visible, bias_at, offset
+
+
+def _signature(spec, body):
+    """Wrap ``body(q, k, v, bias, out)`` in a PrimFunc with the canonical function's signature."""
+    H, HKV, D, DV, dtype = spec.heads, spec.kv_heads, spec.head_dim, spec.head_dim_v, spec.dtype
+    batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
+    bias_shape = [_dim(n) for n in spec.bias_shape] if spec.bias_shape is not None else None
+    if bias_shape is not None:
+
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
+            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
+            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
+            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
+            body(q, k, v, bias, out)
+
+    else:
+
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
+            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
+            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
+            body(q, k, v, None, out)
+
+    return attention
+
+
+def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
+    """The tensor-core flash-attention kernel (see the module docstring)."""
+    H, G, D, dtype = spec.heads, spec.group, spec.head_dim, spec.dtype
+    ab = TC_DTYPES[dtype]
+    batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
+    has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
+    visible, bias_at, offset = _mask_helpers(spec)
+    BM, NT = 16 * warps, 32 * warps
+    BN = 128 if D <= 64 else 64
+    DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
+    CPR = D // 8  # 16-byte chunks per row
+    KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
+    Q_OFF, K_OFF = 0, BM * DP
+    V_OFF = K_OFF + stages * BN * DP
+    SMEM = V_OFF + stages * BN * DP
+    nq = (sq + BM - 1) // BM
+    # scores go to the exp2 domain with one FMA: p = exp2(s * c - m), c = scale * log2(e); with a bias
+    # the logits are formed in natural units first (c would overflow a -FLT_MAX mask to -inf)
+    fold = spec.scale > 0 and not has_bias
+    c2 = spec.scale * LOG2E
+    f32, neg_inf, full = "float32", T.float32("-inf"), T.uint32(0xFFFFFFFF)
+
+    assert (BM * CPR) % NT == 0 and (BN * CPR) % NT == 0, "tile copies must split evenly over the threads"
+
+    def shfl(x, m):
+        return T.tvm_warp_shuffle_xor(full, x, m, 32, 32)
+
+    def tile_start(bx):  # causal: the heaviest query tiles first
+        return (nq - 1 - bx) * BM if causal else bx * BM
+
+    def kv_limit(q0):  # keys past this are masked for every row of the tile
+        return T.min(skv, T.min(q0 + BM, sq) + offset) if causal else skv
+
+    def needs_mask(q0, k0):  # the tile holds the ragged tail or crosses the causal diagonal
+        return tvm.tirx.any(k0 + BN > skv, k0 + BN - 1 > q0 + offset) if causal else k0 + BN > skv
+
+    def exp_units(x, base):  # exp(logit - max) for a logit and max in the units the running max is kept in
+        return T.exp2((x - base) * T.float32(LOG2E)) if has_bias else T.exp2(x - base)
+
+    def prob(s, base):  # the softmax numerator of score accumulator s
+        return T.exp2(s * T.float32(c2) - base) if fold else exp_units(s, base)
+
+    @T.macro
+    def load_rows(smem, base, src, b, row0, nrows, head, rows, tx):
+        """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem[base + r * DP:], zero past ``nrows``."""
+        for it in T.unroll(rows * CPR // NT):
+            cid = T.meta_var(it * NT + tx)
+            r = T.meta_var(cid // CPR)
+            col = T.meta_var(cid % CPR * 8)
+            T.ptx["cp.async.cg.shared.global"](
+                smem.ptr_to([base + r * DP + col]),
+                src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
+                16,
+                T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
+            )
+
+    @T.macro
+    def ldmatrix(trans, frag, frag_off, smem, smem_off):
+        T.ptx_legacy.ldmatrix(trans, 4, ".b16", frag.data, frag_off, smem.access_ptr("r"), smem_off, dtype=dtype)
+
+    @T.macro
+    def mma(a, a_off, b, b_off, c, c_off):
+        T.ptx_legacy.mma("m16n8k16", "row", "col", ab, ab, "fp32", a.data, a_off, b.data, b_off, c.data, c_off, False,
+                         dtype=f32)
+
+    @T.macro
+    def body(q, k, v, bias, out):
+        for bx in T.thread_binding(nq, thread="blockIdx.x"):
+            for h in T.thread_binding(H, thread="blockIdx.y"):
+                for b in T.thread_binding(batch, thread="blockIdx.z"):
+                    for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                        with T.sblock("flash_attention"):
+                            T.reads()
+                            T.writes()
+                            smem = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                            qf = T.alloc_buffer((KS * 8,), dtype, scope="local")
+                            kf = T.alloc_buffer((8,), dtype, scope="local")
+                            vf = T.alloc_buffer((8,), dtype, scope="local")
+                            sacc = T.alloc_buffer((NS * 4,), f32, scope="local")
+                            pf = T.alloc_buffer((NS * 4,), dtype, scope="local")
+                            oacc = T.alloc_buffer((ND * 4,), f32, scope="local")
+                            m = T.alloc_buffer((2,), f32, scope="local")
+                            lsum = T.alloc_buffer((2,), f32, scope="local")
+                            mx = T.alloc_buffer((2,), f32, scope="local")
+                            rs = T.alloc_buffer((2,), f32, scope="local")
+                            al = T.alloc_buffer((2,), f32, scope="local")
+                            warp = T.meta_var(tx // 32)
+                            lane = T.meta_var(tx % 32)
+                            g = T.meta_var(lane // 4)
+                            t4 = T.meta_var(lane % 4)
+                            q0 = T.meta_var(tile_start(bx))
+                            hk = T.meta_var(h // G)
+                            n_kv = T.meta_var((kv_limit(q0) + BN - 1) // BN)
+                            load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
+                            load_rows(smem, K_OFF, k, b, 0, skv, hk, BN, tx)
+                            load_rows(smem, V_OFF, v, b, 0, skv, hk, BN, tx)
+                            T.ptx.cp.async_.commit_group()
+                            for i in T.unroll(ND * 4):
+                                oacc[i] = T.float32(0)
+                            for r in T.unroll(2):
+                                m[r] = neg_inf
+                                lsum[r] = T.float32(0)
+                            for j in T.serial(n_kv):
+                                k0 = T.meta_var(j * BN)
+                                kbase = T.meta_var(K_OFF + j % stages * (BN * DP))
+                                vbase = T.meta_var(V_OFF + j % stages * (BN * DP))
+                                if j + 1 < n_kv:
+                                    nxt = T.meta_var((j + 1) % stages * (BN * DP))
+                                    load_rows(smem, K_OFF + nxt, k, b, k0 + BN, skv, hk, BN, tx)
+                                    load_rows(smem, V_OFF + nxt, v, b, k0 + BN, skv, hk, BN, tx)
+                                T.ptx.cp.async_.commit_group()
+                                T.ptx.cp.async_.wait_group(1)
+                                T.tvm_storage_sync("shared")
+                                if j == 0:
+                                    for kk in T.unroll(KS):
+                                        ldmatrix(False, qf, kk * 8, smem,
+                                                 Q_OFF + (warp * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
+                                # S = Q Kᵀ
+                                for i in T.unroll(NS * 4):
+                                    sacc[i] = T.float32(0)
+                                for kk in T.unroll(KS):
+                                    for n2 in T.unroll(NS // 2):
+                                        ldmatrix(False, kf, 0, smem,
+                                                 kbase + (n2 * 16 + lane // 16 * 8 + lane % 8) * DP + kk * 16 + lane // 8 % 2 * 8)
+                                        mma(qf, kk * 8, kf, 0, sacc, n2 * 8)
+                                        mma(qf, kk * 8, kf, 4, sacc, n2 * 8 + 4)
+                                # logits: scale, bias, masks (sacc[n*4 + c] is row g + c//2*8, key n*8 + 2t + c%2)
+                                if has_bias:
+                                    for n in T.unroll(NS):
+                                        for c in T.unroll(4):
+                                            row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
+                                            key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
+                                            sacc[n * 4 + c] = T.if_then_else(
+                                                visible(row, key),
+                                                sacc[n * 4 + c] * T.float32(spec.scale) + bias_at(bias, b, h, row, key),
+                                                neg_inf,
+                                            )
+                                else:
+                                    if needs_mask(q0, k0):
+                                        for n in T.unroll(NS):
+                                            for c in T.unroll(4):
+                                                row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
+                                                key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
+                                                sacc[n * 4 + c] = T.if_then_else(visible(row, key), sacc[n * 4 + c], neg_inf)
+                                    if not fold:
+                                        for i in T.unroll(NS * 4):
+                                            sacc[i] = sacc[i] * T.float32(c2)
+                                # online softmax, rows g (r = 0) and g + 8 (r = 1)
+                                for r in T.unroll(2):
+                                    mx[r] = neg_inf
+                                    for n in T.unroll(NS):
+                                        for e in T.unroll(2):
+                                            mx[r] = T.max(mx[r], sacc[n * 4 + r * 2 + e])
+                                    mx[r] = T.max(mx[r], shfl(mx[r], 1))
+                                    mx[r] = T.max(mx[r], shfl(mx[r], 2))
+                                    if fold:
+                                        mx[r] = T.max(m[r], mx[r] * T.float32(c2))
+                                    else:
+                                        mx[r] = T.max(m[r], mx[r])
+                                    # a row masked so far has max -inf: exponentiate against 0 (p = 0, not NaN)
+                                    base = T.meta_var(T.if_then_else(mx[r] == neg_inf, T.float32(0), mx[r]))
+                                    al[r] = exp_units(m[r], base)
+                                    for d in T.unroll(ND):
+                                        for e in T.unroll(2):
+                                            oacc[d * 4 + r * 2 + e] = oacc[d * 4 + r * 2 + e] * al[r]
+                                    lsum[r] = lsum[r] * al[r]
+                                    m[r] = mx[r]
+                                    rs[r] = T.float32(0)
+                                    for n in T.unroll(NS):
+                                        for e in T.unroll(2):
+                                            x = T.meta_var(sacc[n * 4 + r * 2 + e])
+                                            sacc[n * 4 + r * 2 + e] = prob(x, base)
+                                            rs[r] = rs[r] + sacc[n * 4 + r * 2 + e]
+                                    lsum[r] = lsum[r] + rs[r]
+                                for i in T.unroll(NS * 4):
+                                    pf[i] = T.Cast(dtype, sacc[i])
+                                # O += P V
+                                for kk in T.unroll(BN // 16):
+                                    for d2 in T.unroll(D // 16):
+                                        ldmatrix(True, vf, 0, smem,
+                                                 vbase + (kk * 16 + lane // 8 % 2 * 8 + lane % 8) * DP + d2 * 16 + lane // 16 * 8)
+                                        mma(pf, kk * 8, vf, 0, oacc, d2 * 8)
+                                        mma(pf, kk * 8, vf, 4, oacc, d2 * 8 + 4)
+                                T.tvm_storage_sync("shared")
+                            T.ptx.cp.async_.wait_group(0)
+                            # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax),
+                            # staged through this warp's own Q rows in smem, then 16-byte coalesced stores
+                            for r in T.unroll(2):
+                                lsum[r] = lsum[r] + shfl(lsum[r], 1)
+                                lsum[r] = lsum[r] + shfl(lsum[r], 2)
+                                lsum[r] = T.float32(1) / lsum[r]
+                            for d in T.unroll(ND):
+                                for c in T.unroll(4):
+                                    smem[Q_OFF + (warp * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
+                                        dtype, oacc[d * 4 + c] * lsum[c // 2]
+                                    )
+                            T.tvm_storage_sync("shared")
+                            for it in T.unroll(BM * CPR // NT):
+                                cid = T.meta_var(it * NT + tx)
+                                r = T.meta_var(cid // CPR)
+                                col = T.meta_var(cid % CPR * 8)
+                                if q0 + r < sq:
+                                    for e in T.vectorized(8):
+                                        out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
+
+    return _signature(spec, body)
+
+
+def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
+    """Correct fallback for any dtype / head dims: one thread per query row, K/V tiles in shared memory."""
+    H, G, D, DV, dtype = spec.heads, spec.group, spec.head_dim, spec.head_dim_v, spec.dtype
+    batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
+    has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
+    visible, bias_at, offset = _mask_helpers(spec)
+    BK = 32 if max(D, DV) <= 128 else 16
+    nq = (sq + rows - 1) // rows
+    f32, neg_inf = "float32", T.float32("-inf")
+
+    def tile_start(bx):
+        return (nq - 1 - bx) * rows if causal else bx * rows
+
+    def kv_limit(q0):
+        return T.min(skv, T.min(q0 + rows, sq) + offset) if causal else skv
+
+    @T.macro
+    def body(q, k, v, bias, out):
+        for bx in T.thread_binding(nq, thread="blockIdx.x"):
+            for h in T.thread_binding(H, thread="blockIdx.y"):
+                for b in T.thread_binding(batch, thread="blockIdx.z"):
+                    for tx in T.thread_binding(rows, thread="threadIdx.x"):
+                        with T.sblock("attention_simt"):
+                            T.reads()
+                            T.writes()
+                            ks = T.alloc_buffer((BK, D), f32, scope="shared.dyn")
+                            vs = T.alloc_buffer((BK, DV), f32, scope="shared.dyn")
+                            qr = T.alloc_buffer((D,), f32, scope="local")
+                            o = T.alloc_buffer((DV,), f32, scope="local")
+                            s = T.alloc_buffer((BK,), f32, scope="local")
+                            st = T.alloc_buffer((4,), f32, scope="local")  # running max, sum; tile max; rescale
+                            q0 = T.meta_var(tile_start(bx))
+                            row = T.meta_var(q0 + tx)
+                            hk = T.meta_var(h // G)
+                            for dd in T.unroll(D):
+                                qr[dd] = T.Cast(f32, q[b, T.min(row, sq - 1), h, dd]) * T.float32(spec.scale)
+                            for c in T.unroll(DV):
+                                o[c] = T.float32(0)
+                            st[0] = neg_inf
+                            st[1] = T.float32(0)
+                            for j in T.serial((kv_limit(q0) + BK - 1) // BK):
+                                k0 = T.meta_var(j * BK)
+                                T.tvm_storage_sync("shared")
+                                for it in range((BK * max(D, DV) + rows - 1) // rows):
+                                    e = T.meta_var(it * rows + tx)
+                                    if e < BK * D:
+                                        ks[e // D, e % D] = T.Cast(f32, k[b, T.min(k0 + e // D, skv - 1), hk, e % D])
+                                    if e < BK * DV:
+                                        vs[e // DV, e % DV] = T.if_then_else(
+                                            k0 + e // DV < skv, T.Cast(f32, v[b, T.min(k0 + e // DV, skv - 1), hk, e % DV]),
+                                            T.float32(0),
+                                        )
+                                T.tvm_storage_sync("shared")
+                                st[2] = st[0]
+                                for jj in range(BK):
+                                    s[jj] = T.float32(0)
+                                    for dd in T.unroll(D):
+                                        s[jj] = s[jj] + qr[dd] * ks[jj, dd]
+                                    if has_bias:
+                                        s[jj] = s[jj] + bias_at(bias, b, h, row, k0 + jj)
+                                    s[jj] = T.if_then_else(visible(row, k0 + jj), s[jj], neg_inf)
+                                    st[2] = T.max(st[2], s[jj])
+                                base = T.meta_var(T.if_then_else(st[2] == neg_inf, T.float32(0), st[2]))
+                                st[3] = T.exp(st[0] - base)
+                                st[0] = st[2]
+                                st[1] = st[1] * st[3]
+                                for c in T.unroll(DV):
+                                    o[c] = o[c] * st[3]
+                                for jj in range(BK):
+                                    s[jj] = T.exp(s[jj] - base)
+                                    st[1] = st[1] + s[jj]
+                                    for c in T.unroll(DV):
+                                        o[c] = o[c] + s[jj] * vs[jj, c]
+                            if row < sq:
+                                for c in range(DV):
+                                    out[b, row, h, c] = T.Cast(dtype, o[c] / st[1])
+
+    return _signature(spec, body)
