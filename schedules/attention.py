@@ -27,10 +27,14 @@ import math
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.s_tir.dlight.base import ScheduleRule
 
 from compiler.errors import TvmpipeError
+
+# ``legalize`` runs inside LegalizeOps (C++): registered, a TvmpipeError it raises reaches the CLI as itself
+tvm_ffi.register_error(TvmpipeError)
 
 KERNEL_ATTR = "tvmpipe.kernel"
 _OPAQUE = 8  # relax OpPatternKind::kOpaque: FuseOps never fuses the call with its neighbours

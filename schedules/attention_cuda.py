@@ -117,10 +117,9 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
     BN = 128 if D <= 64 else 64
     DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
     CPR = D // 8  # 16-byte chunks per row
-    KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
-    Q_OFF, K_OFF = 0, BM * DP
-    V_OFF = K_OFF + stages * BN * DP
+    Q_OFF, K_OFF, V_OFF = 0, BM * DP, BM * DP + stages * BN * DP  # in one shared buffer (elements)
     SMEM = V_OFF + stages * BN * DP
+    KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     nq = (sq + BM - 1) // BM
     # scores go to the exp2 domain with one FMA: p = exp2(s * c - m), c = scale * log2(e); with a bias
     # the logits are formed in natural units first (c would overflow a -FLT_MAX mask to -inf)
@@ -172,6 +171,137 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
                          dtype=f32)
 
     @T.macro
+    def attend(smem, q, k, v, bias, out, bx, h, b, tx):
+        qf = T.alloc_buffer((KS * 8,), dtype, scope="local")
+        kf = T.alloc_buffer((8,), dtype, scope="local")
+        vf = T.alloc_buffer((8,), dtype, scope="local")
+        sacc = T.alloc_buffer((NS * 4,), f32, scope="local")
+        pf = T.alloc_buffer((NS * 4,), dtype, scope="local")
+        oacc = T.alloc_buffer((ND * 4,), f32, scope="local")
+        m = T.alloc_buffer((2,), f32, scope="local")
+        lsum = T.alloc_buffer((2,), f32, scope="local")
+        mx = T.alloc_buffer((2,), f32, scope="local")
+        rs = T.alloc_buffer((2,), f32, scope="local")
+        al = T.alloc_buffer((2,), f32, scope="local")
+        bs = T.alloc_buffer((2,), f32, scope="local")
+        warp = T.meta_var(tx // 32)
+        lane = T.meta_var(tx % 32)
+        g = T.meta_var(lane // 4)
+        t4 = T.meta_var(lane % 4)
+        q0 = T.meta_var(tile_start(bx))
+        hk = T.meta_var(h // G)
+        n_kv = T.meta_var((kv_limit(q0) + BN - 1) // BN)
+        load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
+        load_rows(smem, K_OFF, k, b, 0, skv, hk, BN, tx)
+        load_rows(smem, V_OFF, v, b, 0, skv, hk, BN, tx)
+        T.ptx.cp.async_.commit_group()
+        for i in T.unroll(ND * 4):
+            oacc[i] = T.float32(0)
+        for r in T.unroll(2):
+            m[r] = neg_inf
+            lsum[r] = T.float32(0)
+        for j in T.serial(n_kv):
+            k0 = T.meta_var(j * BN)
+            stage = T.meta_var(j % stages * (BN * DP))
+            if j + 1 < n_kv:
+                nxt = T.meta_var((j + 1) % stages * (BN * DP))
+                load_rows(smem, K_OFF + nxt, k, b, k0 + BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + nxt, v, b, k0 + BN, skv, hk, BN, tx)
+            T.ptx.cp.async_.commit_group()
+            T.ptx.cp.async_.wait_group(1)
+            T.tvm_storage_sync("shared")
+            if j == 0:
+                for kk in T.unroll(KS):
+                    ldmatrix(False, qf, kk * 8, smem, Q_OFF + (warp * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
+            # S = Q Kᵀ
+            for i in T.unroll(NS * 4):
+                sacc[i] = T.float32(0)
+            for kk in T.unroll(KS):
+                for n2 in T.unroll(NS // 2):
+                    ldmatrix(False, kf, 0, smem,
+                             K_OFF + stage + (n2 * 16 + lane // 16 * 8 + lane % 8) * DP + kk * 16 + lane // 8 % 2 * 8)
+                    mma(qf, kk * 8, kf, 0, sacc, n2 * 8)
+                    mma(qf, kk * 8, kf, 4, sacc, n2 * 8 + 4)
+            # logits: scale, bias, masks (sacc[n*4 + c] is row g + c//2*8, key n*8 + 2t + c%2)
+            if has_bias:
+                for n in T.unroll(NS):
+                    for c in T.unroll(4):
+                        row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
+                        key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
+                        sacc[n * 4 + c] = T.if_then_else(
+                            visible(row, key),
+                            sacc[n * 4 + c] * T.float32(spec.scale) + bias_at(bias, b, h, row, key),
+                            neg_inf,
+                        )
+            else:
+                if needs_mask(q0, k0):
+                    for n in T.unroll(NS):
+                        for c in T.unroll(4):
+                            row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
+                            key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
+                            sacc[n * 4 + c] = T.if_then_else(visible(row, key), sacc[n * 4 + c], neg_inf)
+                if not fold:
+                    for i in T.unroll(NS * 4):
+                        sacc[i] = sacc[i] * T.float32(c2)
+            # online softmax, rows g (r = 0) and g + 8 (r = 1)
+            for r in T.unroll(2):
+                mx[r] = neg_inf
+                for n in T.unroll(NS):
+                    for e in T.unroll(2):
+                        mx[r] = T.max(mx[r], sacc[n * 4 + r * 2 + e])
+                mx[r] = T.max(mx[r], shfl(mx[r], 1))
+                mx[r] = T.max(mx[r], shfl(mx[r], 2))
+                if fold:
+                    mx[r] = T.max(m[r], mx[r] * T.float32(c2))
+                else:
+                    mx[r] = T.max(m[r], mx[r])
+                # a row masked so far has max -inf: exponentiate against 0 (p = 0, not NaN)
+                bs[r] = T.if_then_else(mx[r] == neg_inf, T.float32(0), mx[r])
+                al[r] = exp_units(m[r], bs[r])
+                for d in T.unroll(ND):
+                    for e in T.unroll(2):
+                        oacc[d * 4 + r * 2 + e] = oacc[d * 4 + r * 2 + e] * al[r]
+                lsum[r] = lsum[r] * al[r]
+                m[r] = mx[r]
+                rs[r] = T.float32(0)
+                for n in T.unroll(NS):
+                    for e in T.unroll(2):
+                        x = T.meta_var(sacc[n * 4 + r * 2 + e])
+                        sacc[n * 4 + r * 2 + e] = prob(x, bs[r])
+                        rs[r] = rs[r] + sacc[n * 4 + r * 2 + e]
+                lsum[r] = lsum[r] + rs[r]
+            for i in T.unroll(NS * 4):
+                pf[i] = T.Cast(dtype, sacc[i])
+            # O += P V
+            for kk in T.unroll(BN // 16):
+                for d2 in T.unroll(D // 16):
+                    ldmatrix(True, vf, 0, smem,
+                             V_OFF + stage + (kk * 16 + lane // 8 % 2 * 8 + lane % 8) * DP + d2 * 16 + lane // 16 * 8)
+                    mma(pf, kk * 8, vf, 0, oacc, d2 * 8)
+                    mma(pf, kk * 8, vf, 4, oacc, d2 * 8 + 4)
+            T.tvm_storage_sync("shared")
+        T.ptx.cp.async_.wait_group(0)
+        # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax),
+        # staged through this warp's own Q rows in smem, then 16-byte coalesced stores
+        for r in T.unroll(2):
+            lsum[r] = lsum[r] + shfl(lsum[r], 1)
+            lsum[r] = lsum[r] + shfl(lsum[r], 2)
+            lsum[r] = T.float32(1) / lsum[r]
+        for d in T.unroll(ND):
+            for c in T.unroll(4):
+                smem[Q_OFF + (warp * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
+                    dtype, oacc[d * 4 + c] * lsum[c // 2]
+                )
+        T.tvm_storage_sync("shared")
+        for it in T.unroll(BM * CPR // NT):
+            cid = T.meta_var(it * NT + tx)
+            r = T.meta_var(cid // CPR)
+            col = T.meta_var(cid % CPR * 8)
+            if q0 + r < sq:
+                for e in T.vectorized(8):
+                    out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
+
+    @T.macro
     def body(q, k, v, bias, out):
         for bx in T.thread_binding(nq, thread="blockIdx.x"):
             for h in T.thread_binding(H, thread="blockIdx.y"):
@@ -180,136 +310,14 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
                         with T.sblock("flash_attention"):
                             T.reads()
                             T.writes()
-                            smem = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                            qf = T.alloc_buffer((KS * 8,), dtype, scope="local")
-                            kf = T.alloc_buffer((8,), dtype, scope="local")
-                            vf = T.alloc_buffer((8,), dtype, scope="local")
-                            sacc = T.alloc_buffer((NS * 4,), f32, scope="local")
-                            pf = T.alloc_buffer((NS * 4,), dtype, scope="local")
-                            oacc = T.alloc_buffer((ND * 4,), f32, scope="local")
-                            m = T.alloc_buffer((2,), f32, scope="local")
-                            lsum = T.alloc_buffer((2,), f32, scope="local")
-                            mx = T.alloc_buffer((2,), f32, scope="local")
-                            rs = T.alloc_buffer((2,), f32, scope="local")
-                            al = T.alloc_buffer((2,), f32, scope="local")
-                            warp = T.meta_var(tx // 32)
-                            lane = T.meta_var(tx % 32)
-                            g = T.meta_var(lane // 4)
-                            t4 = T.meta_var(lane % 4)
-                            q0 = T.meta_var(tile_start(bx))
-                            hk = T.meta_var(h // G)
-                            n_kv = T.meta_var((kv_limit(q0) + BN - 1) // BN)
-                            load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
-                            load_rows(smem, K_OFF, k, b, 0, skv, hk, BN, tx)
-                            load_rows(smem, V_OFF, v, b, 0, skv, hk, BN, tx)
-                            T.ptx.cp.async_.commit_group()
-                            for i in T.unroll(ND * 4):
-                                oacc[i] = T.float32(0)
-                            for r in T.unroll(2):
-                                m[r] = neg_inf
-                                lsum[r] = T.float32(0)
-                            for j in T.serial(n_kv):
-                                k0 = T.meta_var(j * BN)
-                                kbase = T.meta_var(K_OFF + j % stages * (BN * DP))
-                                vbase = T.meta_var(V_OFF + j % stages * (BN * DP))
-                                if j + 1 < n_kv:
-                                    nxt = T.meta_var((j + 1) % stages * (BN * DP))
-                                    load_rows(smem, K_OFF + nxt, k, b, k0 + BN, skv, hk, BN, tx)
-                                    load_rows(smem, V_OFF + nxt, v, b, k0 + BN, skv, hk, BN, tx)
-                                T.ptx.cp.async_.commit_group()
-                                T.ptx.cp.async_.wait_group(1)
-                                T.tvm_storage_sync("shared")
-                                if j == 0:
-                                    for kk in T.unroll(KS):
-                                        ldmatrix(False, qf, kk * 8, smem,
-                                                 Q_OFF + (warp * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
-                                # S = Q Kᵀ
-                                for i in T.unroll(NS * 4):
-                                    sacc[i] = T.float32(0)
-                                for kk in T.unroll(KS):
-                                    for n2 in T.unroll(NS // 2):
-                                        ldmatrix(False, kf, 0, smem,
-                                                 kbase + (n2 * 16 + lane // 16 * 8 + lane % 8) * DP + kk * 16 + lane // 8 % 2 * 8)
-                                        mma(qf, kk * 8, kf, 0, sacc, n2 * 8)
-                                        mma(qf, kk * 8, kf, 4, sacc, n2 * 8 + 4)
-                                # logits: scale, bias, masks (sacc[n*4 + c] is row g + c//2*8, key n*8 + 2t + c%2)
-                                if has_bias:
-                                    for n in T.unroll(NS):
-                                        for c in T.unroll(4):
-                                            row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
-                                            key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
-                                            sacc[n * 4 + c] = T.if_then_else(
-                                                visible(row, key),
-                                                sacc[n * 4 + c] * T.float32(spec.scale) + bias_at(bias, b, h, row, key),
-                                                neg_inf,
-                                            )
-                                else:
-                                    if needs_mask(q0, k0):
-                                        for n in T.unroll(NS):
-                                            for c in T.unroll(4):
-                                                row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
-                                                key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
-                                                sacc[n * 4 + c] = T.if_then_else(visible(row, key), sacc[n * 4 + c], neg_inf)
-                                    if not fold:
-                                        for i in T.unroll(NS * 4):
-                                            sacc[i] = sacc[i] * T.float32(c2)
-                                # online softmax, rows g (r = 0) and g + 8 (r = 1)
-                                for r in T.unroll(2):
-                                    mx[r] = neg_inf
-                                    for n in T.unroll(NS):
-                                        for e in T.unroll(2):
-                                            mx[r] = T.max(mx[r], sacc[n * 4 + r * 2 + e])
-                                    mx[r] = T.max(mx[r], shfl(mx[r], 1))
-                                    mx[r] = T.max(mx[r], shfl(mx[r], 2))
-                                    if fold:
-                                        mx[r] = T.max(m[r], mx[r] * T.float32(c2))
-                                    else:
-                                        mx[r] = T.max(m[r], mx[r])
-                                    # a row masked so far has max -inf: exponentiate against 0 (p = 0, not NaN)
-                                    base = T.meta_var(T.if_then_else(mx[r] == neg_inf, T.float32(0), mx[r]))
-                                    al[r] = exp_units(m[r], base)
-                                    for d in T.unroll(ND):
-                                        for e in T.unroll(2):
-                                            oacc[d * 4 + r * 2 + e] = oacc[d * 4 + r * 2 + e] * al[r]
-                                    lsum[r] = lsum[r] * al[r]
-                                    m[r] = mx[r]
-                                    rs[r] = T.float32(0)
-                                    for n in T.unroll(NS):
-                                        for e in T.unroll(2):
-                                            x = T.meta_var(sacc[n * 4 + r * 2 + e])
-                                            sacc[n * 4 + r * 2 + e] = prob(x, base)
-                                            rs[r] = rs[r] + sacc[n * 4 + r * 2 + e]
-                                    lsum[r] = lsum[r] + rs[r]
-                                for i in T.unroll(NS * 4):
-                                    pf[i] = T.Cast(dtype, sacc[i])
-                                # O += P V
-                                for kk in T.unroll(BN // 16):
-                                    for d2 in T.unroll(D // 16):
-                                        ldmatrix(True, vf, 0, smem,
-                                                 vbase + (kk * 16 + lane // 8 % 2 * 8 + lane % 8) * DP + d2 * 16 + lane // 16 * 8)
-                                        mma(pf, kk * 8, vf, 0, oacc, d2 * 8)
-                                        mma(pf, kk * 8, vf, 4, oacc, d2 * 8 + 4)
-                                T.tvm_storage_sync("shared")
-                            T.ptx.cp.async_.wait_group(0)
-                            # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax),
-                            # staged through this warp's own Q rows in smem, then 16-byte coalesced stores
-                            for r in T.unroll(2):
-                                lsum[r] = lsum[r] + shfl(lsum[r], 1)
-                                lsum[r] = lsum[r] + shfl(lsum[r], 2)
-                                lsum[r] = T.float32(1) / lsum[r]
-                            for d in T.unroll(ND):
-                                for c in T.unroll(4):
-                                    smem[Q_OFF + (warp * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
-                                        dtype, oacc[d * 4 + c] * lsum[c // 2]
-                                    )
-                            T.tvm_storage_sync("shared")
-                            for it in T.unroll(BM * CPR // NT):
-                                cid = T.meta_var(it * NT + tx)
-                                r = T.meta_var(cid // CPR)
-                                col = T.meta_var(cid % CPR * 8)
-                                if q0 + r < sq:
-                                    for e in T.vectorized(8):
-                                        out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
+                            # Q | K stages | V stages; > 48 KB is opted in at launch. Named per dtype: kernels
+                            # of both types can share one CUDA module (same-named extern __shared__ arrays must agree)
+                            if dtype == "float16":
+                                smem_f16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                                attend(smem_f16, q, k, v, bias, out, bx, h, b, tx)
+                            else:
+                                smem_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                                attend(smem_bf16, q, k, v, bias, out, bx, h, b, tx)
 
     return _signature(spec, body)
 
