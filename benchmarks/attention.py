@@ -4,8 +4,10 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
     python3 benchmarks/attention.py --build            # here (TVM compiler): build/gpu/attention/attention.so
     python3 benchmarks/attention.py --run --out DIR    # GPU machine (TVM runtime + torch): DIR/attention-<gpu>.json + .png
 
-``--build`` compiles every kernel below (static shapes, sm_90, cubin + PTX via NVRTC) into ONE library.
-``--run`` loads it with the TVM runtime alone. Benchmarks: batch x seq = 16384 tokens, hidden 2048
+``--build`` compiles every kernel below (static shapes, sm_90, cubin + PTX via NVRTC) into ONE library:
+the kernel our schedule rule picks (impl "tvmpipe"), plus, for the benchmark shapes, the other tile
+configurations of the tensor-core kernel (records with a "variant"), so one GPU run can tell which
+configuration the rule should pick. ``--run`` loads it with the TVM runtime alone. Benchmarks: batch x seq = 16384 tokens, hidden 2048
 (heads = 2048 / d), fp16, d in {64, 128}, seq in {512, 2048, 8192}, causal or not; TFLOP/s counts
 4·b·h·s²·d, halved for causal. Each case runs in its own try block: one failure is recorded, the rest go on.
 """
@@ -17,7 +19,7 @@ import json
 import math
 import sys
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,6 +54,16 @@ class Case:
         full = 4 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
         return full / 2 if self.causal else full
 
+    def variants(self) -> list:
+        """Tile configurations to time besides the rule's choice (benchmark shapes only)."""
+        from schedules.attention_cuda import TileConfig
+
+        if not self.bench:
+            return []
+        other = [TileConfig(bn=32 if self.head_dim > 64 else 64), TileConfig(bn=64, stages=3),
+                 TileConfig(warps=8, m_tiles=1, q_in_regs=True), TileConfig(warps=8, m_tiles=2)]
+        return [c for c in other if c != TileConfig()]
+
 
 CASES = [
     Case(f"bench_d{d}_s{s}_{'causal' if c else 'full'}", TOKENS // s, s, s, HIDDEN // d, HIDDEN // d, d,
@@ -77,7 +89,8 @@ def build() -> None:
 
     from compiler import targets
     from compiler.build import Built
-    from schedules.attention import Attention, canonical_attention
+    from schedules.attention import Attention, AttentionSpec, canonical_attention
+    from schedules.attention_cuda import flash_mma
 
     info = targets.resolve("cuda-sm90")
     funcs = {}
@@ -90,9 +103,12 @@ def build() -> None:
         with info.target:
             sch = Attention().apply(canonical, info.target, False)
         funcs[case.name] = sch.mod["main"].with_attr("global_symbol", case.name)
+        for cfg in case.variants():
+            name = f"{case.name}__{cfg.name}"
+            funcs[name] = flash_mma(AttentionSpec.of(canonical), cfg).with_attr("global_symbol", name)
     BUILD.mkdir(parents=True, exist_ok=True)
     gpu = Built(tvm.compile(tvm.IRModule(funcs), target=info.target), info).export(LIB)
-    (BUILD / "cases.json").write_text(json.dumps({"tvm": tvm.__version__, "cases": [asdict(c) for c in CASES]}, indent=1))
+    (BUILD / "kernels.json").write_text(json.dumps({"tvm": tvm.__version__, "kernels": sorted(funcs)}, indent=1))
     print(f"built {LIB} ({LIB.stat().st_size} bytes, {len(funcs)} kernels): {gpu}")
 
 
@@ -103,6 +119,7 @@ def run(out: Path) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     lib = tvm.runtime.load_module(str(LIB))
+    kernels = json.loads((BUILD / "kernels.json").read_text())["kernels"]
     dev = tvm.cuda(0)
     device = torch.cuda.get_device_name(0)
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -172,22 +189,26 @@ def run(out: Path) -> None:
         batch = 1 if case.bench else case.batch
         reps = max(5, min(100, int(2e13 / case.flops)))
         t = None
-        try:
-            t = inputs(case)
-            out = torch.empty_like(t["q"])
-            args = [tvm.runtime.from_dlpack(x) for x in [t[n] for n in ("q", "k", "v", "bias") if n in t] + [out]]
-            lib[case.name](*args)
-            torch.cuda.synchronize()
-            err = error(out[:batch, :, heads], reference(case, t, heads, batch))
-            rec = {**base, "impl": "tvmpipe", "max_rel_err": err, "correct": err <= TOL[case.dtype]}
-            if case.bench:
-                ms = 1e3 * lib.time_evaluator(case.name, dev, number=reps, repeat=1)(*args).mean
-                rec.update(ms=ms, tflops=case.flops / ms / 1e9)
-            records.append(rec)
-        except Exception as err:  # one failing case must not stop the others
-            records.append({**base, "impl": "tvmpipe", "error": f"{type(err).__name__}: {err}",
-                            "traceback": traceback.format_exc(limit=4)})
-        print(json.dumps(records[-1]), flush=True)
+        for kernel in [case.name] + [n for n in kernels if n.startswith(case.name + "__")]:
+            variant = {"variant": kernel.split("__")[1]} if "__" in kernel else {}
+            try:
+                if t is None:
+                    t = inputs(case)
+                    torch.cuda.synchronize()  # TVM launches on its own stream
+                o = torch.full_like(t["q"], math.nan)
+                args = [tvm.runtime.from_dlpack(x) for x in [t[n] for n in ("q", "k", "v", "bias") if n in t] + [o]]
+                lib[kernel](*args)
+                torch.cuda.synchronize()
+                err = error(o[:batch, :, heads], reference(case, t, heads, batch))
+                rec = {**base, "impl": "tvmpipe", **variant, "max_rel_err": err, "correct": err <= TOL[case.dtype]}
+                if case.bench:
+                    ms = 1e3 * lib.time_evaluator(kernel, dev, number=reps, repeat=1)(*args).mean
+                    rec.update(ms=ms, tflops=case.flops / ms / 1e9)
+                records.append(rec)
+            except Exception as err:  # one failing case must not stop the others
+                records.append({**base, "impl": "tvmpipe", **variant, "error": f"{type(err).__name__}: {err}",
+                                "traceback": traceback.format_exc(limit=4)})
+            print(json.dumps(records[-1]), flush=True)
         if case.bench and t is not None:
             q, k, v = (t[n].transpose(1, 2) for n in ("q", "k", "v"))  # torch's (b, h, s, d) views of the same data
             for impl, backend in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -202,7 +223,7 @@ def run(out: Path) -> None:
                 except Exception as err:
                     records.append({**base, "impl": impl, "error": f"{type(err).__name__}: {err}"})
                 print(json.dumps(records[-1]), flush=True)
-        t = q = k = v = out = args = None
+        t = q = k = v = o = args = None
         torch.cuda.empty_cache()
 
     slug = device.split()[-1].lower()
@@ -220,13 +241,21 @@ def plot(records: list[dict], path: Path, device: str) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharey=True)
     panels = [(d, c) for d in (64, 128) for c in (False, True)]
     for ax, (d, causal) in zip(axes, panels):
-        for impl in ("tvmpipe", "torch-flash", "torch-cudnn"):
-            pts = sorted((r["seq"], r["tflops"]) for r in records
-                         if r.get("tflops") and r["impl"] == impl and r["d"] == d and r["causal"] == causal
-                         and r["case"].startswith("bench"))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=impl)
-        ax.set(title=f"d={d} {'causal' if causal else 'non-causal'}", xscale="log", xlabel="seq (batch·seq = 16384)")
+        bench = [r for r in records if r.get("tflops") and r["d"] == d and r["causal"] == causal]
+        lines = {impl: [r for r in bench if r["impl"] == impl and "variant" not in r]
+                 for impl in ("tvmpipe", "torch-flash", "torch-cudnn")}
+        best = {}
+        for r in bench:
+            if r["impl"] == "tvmpipe" and r["tflops"] > best.get(r["seq"], {"tflops": 0})["tflops"]:
+                best[r["seq"]] = r
+        lines["tvmpipe, best tile config"] = list(best.values())
+        for label, rows in lines.items():
+            if rows:
+                pts = sorted((r["seq"], r["tflops"]) for r in rows)
+                ax.plot(*zip(*pts), marker="o", label=label, linestyle="--" if "best" in label else "-")
+        ax.set(title=f"d={d} {'causal' if causal else 'non-causal'}", xlabel="seq (batch·seq = 16384)")
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
         ax.set_xticks([512, 2048, 8192], ["512", "2048", "8192"])
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("TFLOP/s (fp16)")

@@ -33,6 +33,7 @@ in register order, exactly the A fragment of P for k-step kk.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import tvm
 from tvm.script import tirx as T
@@ -106,20 +107,37 @@ def _signature(spec, body):
     return attention
 
 
-def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
+@dataclass(frozen=True)
+class TileConfig:
+    """Tensor-core kernel shape: ``warps`` x ``m_tiles`` x 16 query rows per CTA, ``bn`` keys per tile."""
+
+    warps: int = 4
+    m_tiles: int = 2  # 16-row MMA tiles per warp: 2 halves the shared-memory reads per MMA
+    bn: int = 0  # keys per K/V tile (0: 128 for head_dim <= 64, else 64)
+    stages: int = 2  # K/V tiles in flight (cp.async ring)
+    q_in_regs: bool = False  # Q fragments in registers for the whole kernel (one ldmatrix per use otherwise)
+
+    @property
+    def name(self) -> str:
+        return f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
+
+
+def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     """The tensor-core flash-attention kernel (see the module docstring)."""
     H, G, D, dtype = spec.heads, spec.group, spec.head_dim, spec.dtype
     ab = TC_DTYPES[dtype]
     batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     visible, bias_at, offset = _mask_helpers(spec)
-    BM, NT = 16 * warps, 32 * warps
-    BN = 128 if D <= 64 else 64
+    MT, stages = cfg.m_tiles, cfg.stages
+    WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
+    BM, BN = WM * cfg.warps, cfg.bn or (128 if D <= 64 else 64)
     DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
     CPR = D // 8  # 16-byte chunks per row
     Q_OFF, K_OFF, V_OFF = 0, BM * DP, BM * DP + stages * BN * DP  # in one shared buffer (elements)
     SMEM = V_OFF + stages * BN * DP
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
+    QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
     # scores go to the exp2 domain with one FMA: p = exp2(s * c - m), c = scale * log2(e); with a bias
     # the logits are formed in natural units first (c would overflow a -FLT_MAX mask to -inf)
@@ -147,6 +165,9 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
     def prob(s, base):  # the softmax numerator of score accumulator s
         return T.exp2(s * T.float32(c2) - base) if fold else exp_units(s, base)
 
+    def q_frag(mt, kk):  # offset of Q's A fragment (m-tile mt, k-step kk) in qf
+        return (mt * KS + kk) * 8 if cfg.q_in_regs else mt * 8
+
     @T.macro
     def load_rows(smem, base, src, b, row0, nrows, head, rows, tx):
         """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem[base + r * DP:], zero past ``nrows``."""
@@ -171,19 +192,25 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
                          dtype=f32)
 
     @T.macro
+    def load_q(qf, smem, warp, lane, mt, kk):  # A fragment rows (lane % 16), cols kk*16 + (lane / 16) * 8
+        ldmatrix(False, qf, q_frag(mt, kk), smem, Q_OFF + (warp * WM + mt * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
+
+    @T.macro
     def attend(smem, q, k, v, bias, out, bx, h, b, tx):
-        qf = T.alloc_buffer((KS * 8,), dtype, scope="local")
+        qf = T.alloc_buffer((QF,), dtype, scope="local")
         kf = T.alloc_buffer((8,), dtype, scope="local")
         vf = T.alloc_buffer((8,), dtype, scope="local")
-        sacc = T.alloc_buffer((NS * 4,), f32, scope="local")
-        pf = T.alloc_buffer((NS * 4,), dtype, scope="local")
-        oacc = T.alloc_buffer((ND * 4,), f32, scope="local")
-        m = T.alloc_buffer((2,), f32, scope="local")
-        lsum = T.alloc_buffer((2,), f32, scope="local")
-        mx = T.alloc_buffer((2,), f32, scope="local")
-        rs = T.alloc_buffer((2,), f32, scope="local")
-        al = T.alloc_buffer((2,), f32, scope="local")
-        bs = T.alloc_buffer((2,), f32, scope="local")
+        sacc = T.alloc_buffer((MT * NS * 4,), f32, scope="local")
+        pf = T.alloc_buffer((MT * NS * 4,), dtype, scope="local")
+        oacc = T.alloc_buffer((MT * ND * 4,), f32, scope="local")
+        # per row held by this thread (m-tile mt, row g + r*8 at index mt*2 + r): running max and sum; the
+        # tile's max, sum, rescale factor and exponent base
+        m = T.alloc_buffer((MT * 2,), f32, scope="local")
+        lsum = T.alloc_buffer((MT * 2,), f32, scope="local")
+        mx = T.alloc_buffer((MT * 2,), f32, scope="local")
+        rs = T.alloc_buffer((MT * 2,), f32, scope="local")
+        al = T.alloc_buffer((MT * 2,), f32, scope="local")
+        bs = T.alloc_buffer((MT * 2,), f32, scope="local")
         warp = T.meta_var(tx // 32)
         lane = T.meta_var(tx % 32)
         g = T.meta_var(lane // 4)
@@ -195,11 +222,11 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
         load_rows(smem, K_OFF, k, b, 0, skv, hk, BN, tx)
         load_rows(smem, V_OFF, v, b, 0, skv, hk, BN, tx)
         T.ptx.cp.async_.commit_group()
-        for i in T.unroll(ND * 4):
+        for i in T.unroll(MT * ND * 4):
             oacc[i] = T.float32(0)
-        for r in T.unroll(2):
-            m[r] = neg_inf
-            lsum[r] = T.float32(0)
+        for i in T.unroll(MT * 2):
+            m[i] = neg_inf
+            lsum[i] = T.float32(0)
         for j in T.serial(n_kv):
             k0 = T.meta_var(j * BN)
             stage = T.meta_var(j % stages * (BN * DP))
@@ -210,88 +237,103 @@ def flash_mma(spec, warps: int = 8, stages: int = 2) -> tvm.tirx.PrimFunc:
             T.ptx.cp.async_.commit_group()
             T.ptx.cp.async_.wait_group(1)
             T.tvm_storage_sync("shared")
-            if j == 0:
-                for kk in T.unroll(KS):
-                    ldmatrix(False, qf, kk * 8, smem, Q_OFF + (warp * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
-            # S = Q Kᵀ
-            for i in T.unroll(NS * 4):
+            if cfg.q_in_regs:
+                if j == 0:
+                    for mt in T.unroll(MT):
+                        for kk in T.unroll(KS):
+                            load_q(qf, smem, warp, lane, mt, kk)
+            # S = Q Kᵀ; K's B fragments: rows (keys) n2*16 + (lane / 16) * 8 + lane % 8, cols kk*16 + (lane / 8 % 2) * 8
+            for i in T.unroll(MT * NS * 4):
                 sacc[i] = T.float32(0)
             for kk in T.unroll(KS):
+                if not cfg.q_in_regs:
+                    for mt in T.unroll(MT):
+                        load_q(qf, smem, warp, lane, mt, kk)
                 for n2 in T.unroll(NS // 2):
                     ldmatrix(False, kf, 0, smem,
                              K_OFF + stage + (n2 * 16 + lane // 16 * 8 + lane % 8) * DP + kk * 16 + lane // 8 % 2 * 8)
-                    mma(qf, kk * 8, kf, 0, sacc, n2 * 8)
-                    mma(qf, kk * 8, kf, 4, sacc, n2 * 8 + 4)
-            # logits: scale, bias, masks (sacc[n*4 + c] is row g + c//2*8, key n*8 + 2t + c%2)
+                    for mt in T.unroll(MT):
+                        mma(qf, q_frag(mt, kk), kf, 0, sacc, (mt * NS + n2 * 2) * 4)
+                        mma(qf, q_frag(mt, kk), kf, 4, sacc, (mt * NS + n2 * 2 + 1) * 4)
+            # logits: scale, bias, masks (sacc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
             if has_bias:
-                for n in T.unroll(NS):
-                    for c in T.unroll(4):
-                        row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
-                        key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
-                        sacc[n * 4 + c] = T.if_then_else(
-                            visible(row, key),
-                            sacc[n * 4 + c] * T.float32(spec.scale) + bias_at(bias, b, h, row, key),
-                            neg_inf,
-                        )
-            else:
-                if needs_mask(q0, k0):
+                for mt in T.unroll(MT):
                     for n in T.unroll(NS):
                         for c in T.unroll(4):
-                            row = T.meta_var(q0 + warp * 16 + g + c // 2 * 8)
+                            row = T.meta_var(q0 + warp * WM + mt * 16 + g + c // 2 * 8)
                             key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
-                            sacc[n * 4 + c] = T.if_then_else(visible(row, key), sacc[n * 4 + c], neg_inf)
+                            i = T.meta_var((mt * NS + n) * 4 + c)
+                            sacc[i] = T.if_then_else(
+                                visible(row, key), sacc[i] * T.float32(spec.scale) + bias_at(bias, b, h, row, key), neg_inf
+                            )
+            else:
+                if needs_mask(q0, k0):
+                    for mt in T.unroll(MT):
+                        for n in T.unroll(NS):
+                            for c in T.unroll(4):
+                                row = T.meta_var(q0 + warp * WM + mt * 16 + g + c // 2 * 8)
+                                key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
+                                i = T.meta_var((mt * NS + n) * 4 + c)
+                                sacc[i] = T.if_then_else(visible(row, key), sacc[i], neg_inf)
                 if not fold:
-                    for i in T.unroll(NS * 4):
+                    for i in T.unroll(MT * NS * 4):
                         sacc[i] = sacc[i] * T.float32(c2)
-            # online softmax, rows g (r = 0) and g + 8 (r = 1)
-            for r in T.unroll(2):
-                mx[r] = neg_inf
-                for n in T.unroll(NS):
-                    for e in T.unroll(2):
-                        mx[r] = T.max(mx[r], sacc[n * 4 + r * 2 + e])
-                mx[r] = T.max(mx[r], shfl(mx[r], 1))
-                mx[r] = T.max(mx[r], shfl(mx[r], 2))
-                if fold:
-                    mx[r] = T.max(m[r], mx[r] * T.float32(c2))
-                else:
-                    mx[r] = T.max(m[r], mx[r])
-                # a row masked so far has max -inf: exponentiate against 0 (p = 0, not NaN)
-                bs[r] = T.if_then_else(mx[r] == neg_inf, T.float32(0), mx[r])
-                al[r] = exp_units(m[r], bs[r])
-                for d in T.unroll(ND):
-                    for e in T.unroll(2):
-                        oacc[d * 4 + r * 2 + e] = oacc[d * 4 + r * 2 + e] * al[r]
-                lsum[r] = lsum[r] * al[r]
-                m[r] = mx[r]
-                rs[r] = T.float32(0)
-                for n in T.unroll(NS):
-                    for e in T.unroll(2):
-                        x = T.meta_var(sacc[n * 4 + r * 2 + e])
-                        sacc[n * 4 + r * 2 + e] = prob(x, bs[r])
-                        rs[r] = rs[r] + sacc[n * 4 + r * 2 + e]
-                lsum[r] = lsum[r] + rs[r]
-            for i in T.unroll(NS * 4):
+            # online softmax per row: max over the tile (4 lanes of a quad share a row), rescale, exponentiate
+            for mt in T.unroll(MT):
+                for r in T.unroll(2):
+                    i = T.meta_var(mt * 2 + r)
+                    mx[i] = neg_inf
+                    for n in T.unroll(NS):
+                        for e in T.unroll(2):
+                            mx[i] = T.max(mx[i], sacc[(mt * NS + n) * 4 + r * 2 + e])
+                    mx[i] = T.max(mx[i], shfl(mx[i], 1))
+                    mx[i] = T.max(mx[i], shfl(mx[i], 2))
+                    if fold:
+                        mx[i] = T.max(m[i], mx[i] * T.float32(c2))
+                    else:
+                        mx[i] = T.max(m[i], mx[i])
+                    # a row masked so far has max -inf: exponentiate against 0 (p = 0, not NaN)
+                    bs[i] = T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i])
+                    al[i] = exp_units(m[i], bs[i])
+                    if al[i] != T.float32(1):  # the max moved: rescale (skipped once the max settles)
+                        for d in T.unroll(ND):
+                            for e in T.unroll(2):
+                                oacc[(mt * ND + d) * 4 + r * 2 + e] = oacc[(mt * ND + d) * 4 + r * 2 + e] * al[i]
+                        lsum[i] = lsum[i] * al[i]
+                    m[i] = mx[i]
+                    rs[i] = T.float32(0)
+                    for n in T.unroll(NS):
+                        for e in T.unroll(2):
+                            x = T.meta_var(sacc[(mt * NS + n) * 4 + r * 2 + e])
+                            sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
+                            rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
+                    lsum[i] = lsum[i] + rs[i]
+            for i in T.unroll(MT * NS * 4):
                 pf[i] = T.Cast(dtype, sacc[i])
-            # O += P V
+            # O += P V; P's A fragment for k-step kk is S n-tiles 2kk, 2kk+1 as they lie in registers;
+            # V's B fragments (ldmatrix.trans): rows (keys) kk*16 + (lane / 8 % 2) * 8 + lane % 8, cols d2*16 + (lane / 16) * 8
             for kk in T.unroll(BN // 16):
                 for d2 in T.unroll(D // 16):
                     ldmatrix(True, vf, 0, smem,
                              V_OFF + stage + (kk * 16 + lane // 8 % 2 * 8 + lane % 8) * DP + d2 * 16 + lane // 16 * 8)
-                    mma(pf, kk * 8, vf, 0, oacc, d2 * 8)
-                    mma(pf, kk * 8, vf, 4, oacc, d2 * 8 + 4)
-            T.tvm_storage_sync("shared")
+                    for mt in T.unroll(MT):
+                        mma(pf, (mt * NS + kk * 2) * 4, vf, 0, oacc, (mt * ND + d2 * 2) * 4)
+                        mma(pf, (mt * NS + kk * 2) * 4, vf, 4, oacc, (mt * ND + d2 * 2 + 1) * 4)
+            if stages == 2:  # the next copy overwrites this stage; with 3+ the barrier after the wait suffices
+                T.tvm_storage_sync("shared")
         T.ptx.cp.async_.wait_group(0)
-        # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax),
-        # staged through this warp's own Q rows in smem, then 16-byte coalesced stores
-        for r in T.unroll(2):
-            lsum[r] = lsum[r] + shfl(lsum[r], 1)
-            lsum[r] = lsum[r] + shfl(lsum[r], 2)
-            lsum[r] = T.float32(1) / lsum[r]
-        for d in T.unroll(ND):
-            for c in T.unroll(4):
-                smem[Q_OFF + (warp * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
-                    dtype, oacc[d * 4 + c] * lsum[c // 2]
-                )
+        # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
+        # this warp's own Q rows in shared memory, then 16-byte coalesced stores
+        for i in T.unroll(MT * 2):
+            lsum[i] = lsum[i] + shfl(lsum[i], 1)
+            lsum[i] = lsum[i] + shfl(lsum[i], 2)
+            lsum[i] = T.float32(1) / lsum[i]
+        for mt in T.unroll(MT):
+            for d in T.unroll(ND):
+                for c in T.unroll(4):
+                    smem[Q_OFF + (warp * WM + mt * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
+                        dtype, oacc[(mt * ND + d) * 4 + c] * lsum[mt * 2 + c // 2]
+                    )
         T.tvm_storage_sync("shared")
         for it in T.unroll(BM * CPR // NT):
             cid = T.meta_var(it * NT + tx)

@@ -229,7 +229,7 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     cpp = PRELUDE + _helpers(source[:start]) + "\n" + _rewrite_asm(kernel) + _HARNESS.replace("KERNEL_CALL", call)
     (workdir / "emu.cc").write_text(cpp)
     lib = workdir / "emu.so"
-    r = subprocess.run(["g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-o", str(lib), str(workdir / "emu.cc")],
+    r = subprocess.run(["g++", "-std=c++20", "-O0", "-fPIC", "-shared", "-pthread", "-o", str(lib), str(workdir / "emu.cc")],
                        capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"g++ failed on the emulated kernel:\n{r.stderr[-4000:]}")
