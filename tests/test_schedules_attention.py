@@ -204,3 +204,12 @@ def test_cuda_source_uses_tensor_cores():
     for insn in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                  "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "cp.async.wait_group"):
         assert insn in source, insn
+
+
+def test_cpu_symbolic_batch_and_sequence(rng):
+    """One compiled kernel for any batch / sequence length."""
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    vm = compile_cpu(attention_module(b, s, s, 4, 2, 16, "float32", causal="BottomRight"))
+    for batch, seq in ((2, 37), (1, 130)):
+        arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32")
+        assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
