@@ -167,8 +167,10 @@ class Attention(ScheduleRule):
             from . import attention_cuda
 
             kernel = attention_cuda.kernel(spec, target)
-        else:
+        elif target.kind.name == "llvm":
             from . import attention_cpu
 
             kernel = attention_cpu.kernel(spec, target)
+        else:  # another GPU API: the canonical function is left to the generic schedulers
+            return None
         return tvm.s_tir.Schedule(kernel.with_attrs(dict(func.attrs)))

@@ -213,3 +213,21 @@ def test_cpu_symbolic_batch_and_sequence(rng):
     for batch, seq in ((2, 37), (1, 130)):
         arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32")
         assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
+
+
+def test_cuda_package_holds_compiled_kernel(tmp_path):
+    """NVRTC accepts the generated CUDA (inline PTX included): the package carries sm_90 cubin + PTX."""
+    from compiler import cuda_binary, package, tuning
+
+    try:
+        cuda_binary.cuda_toolkit_root()
+        from cuda.bindings import nvrtc  # noqa: F401
+    except (TvmpipeError, ImportError) as err:
+        pytest.skip(f"no CUDA headers / NVRTC here: {err}")
+    info = targets.resolve("cuda-sm90")
+    mod, _ = passes.optimize(attention_module(1, 100, 100, 2, 2, 64, "bfloat16", causal="TopLeft"), info,
+                             legalize=schedules.legalizations())
+    mod, _ = schedules.apply(mod, info)
+    mod, _ = tuning.apply(mod, info)
+    manifest = package.save(tmp_path / "attention.tvmpkg", build(mod, info), {})
+    assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
