@@ -30,6 +30,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.script import tirx as T
 
 from compiler.errors import TvmpipeError
 
@@ -40,13 +41,32 @@ KERNEL_ATTR = "tvmpipe.kernel"
 _OPAQUE = 8  # relax OpPatternKind::kOpaque: FuseOps never fuses the call with its neighbours
 
 
+def _static(x):
+    """A static extent as a Python int (index arithmetic stays 32-bit); a symbolic one as it is."""
+    return int(x) if isinstance(x, tirx.IntImm) else x
+
+
+def causal_offset(seq_q, seq_kv, causal: str):
+    """Query row i sees key j iff ``j <= i + offset``: 0 for "TopLeft", ``|seq_q - seq_kv|`` for "BottomRight"."""
+    if causal != "BottomRight":
+        return 0
+    if isinstance(seq_q, int) and isinstance(seq_kv, int):
+        return abs(seq_q - seq_kv)
+    return tirx.max(seq_q - seq_kv, seq_kv - seq_q)
+
+
+def broadcast_index(shape, b, h, i) -> list:
+    """Index of a bias broadcast over its extent-1 leading axes."""
+    return [0 if isinstance(n, int) and n == 1 else x for x, n in zip((b, h, i), shape[:3])]
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
-    """Everything a kernel generator needs, read back from a canonical function."""
+    """Everything a kernel generator needs, read back from a canonical function (static extents as ints)."""
 
-    batch: tirx.PrimExpr
-    seq_q: tirx.PrimExpr
-    seq_kv: tirx.PrimExpr
+    batch: int | tirx.PrimExpr
+    seq_q: int | tirx.PrimExpr
+    seq_kv: int | tirx.PrimExpr
     heads: int
     kv_heads: int
     head_dim: int
@@ -61,29 +81,31 @@ class AttentionSpec:
     def group(self) -> int:
         return self.heads // self.kv_heads
 
+    def visible(self, row, key):
+        """Whether key ``key`` exists and query row ``row`` may attend to it."""
+        if self.causal == "none":
+            return key < self.seq_kv
+        return tirx.all(key < self.seq_kv, key <= row + causal_offset(self.seq_q, self.seq_kv, self.causal))
+
+    def bias_at(self, bias, b, h, row, key):
+        """The bias for (b, h, row, key) in fp32; rows / keys past the end are clamped (their scores are unused)."""
+        idx = broadcast_index(self.bias_shape, b, h, tirx.min(row, self.seq_q - 1))
+        return bias[(*idx, tirx.min(key, self.seq_kv - 1))].astype("float32")
+
     @staticmethod
     def of(func: tirx.PrimFunc) -> AttentionSpec | None:
         attrs = func.attrs
         if attrs is None or attrs.get(KERNEL_ATTR) != "attention":
             return None
-        q, k, v, out = func.params[0], func.params[1], func.params[2], func.params[-1]
+        q, k, v = func.params[:3]
         bias = func.params[3] if len(func.params) == 5 else None
         return AttentionSpec(
-            batch=q.shape[0], seq_q=q.shape[1], seq_kv=k.shape[1], heads=int(q.shape[2]),
+            batch=_static(q.shape[0]), seq_q=_static(q.shape[1]), seq_kv=_static(k.shape[1]), heads=int(q.shape[2]),
             kv_heads=int(k.shape[2]), head_dim=int(q.shape[3]), head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
             scale=float(attrs["tvmpipe.attention.scale"]), causal=str(attrs["tvmpipe.attention.causal"]),
-            bias_shape=tuple(bias.shape) if bias is not None else None,
+            bias_shape=tuple(_static(n) for n in bias.shape) if bias is not None else None,
             bias_dtype=str(bias.dtype) if bias is not None else None,
         )
-
-
-def causal_offset(spec_seq_q, spec_seq_kv, causal: str):
-    """Query row i may see key j iff ``j <= i + offset`` (TVM's definition of the two causal modes)."""
-    if causal == "TopLeft":
-        return tirx.const(0, "int64") if not isinstance(spec_seq_q, int) else 0
-    if isinstance(spec_seq_q, int) and isinstance(spec_seq_kv, int):
-        return abs(spec_seq_q - spec_seq_kv)
-    return tirx.abs(spec_seq_q - spec_seq_kv)
 
 
 def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None, scale: float, causal: str):
@@ -99,19 +121,15 @@ def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None,
         name="score",
     )
 
-    def bias_at(b, h, i, j):
-        idx = [x if int(n) != 1 else 0 for x, n in zip((b, h, i), bias.shape[:3])] if bias is not None else []
-        return bias[(*idx, j)].astype(f32) if bias is not None else tirx.const(0.0, f32)
+    def logit(b, h, i, j):
+        x = score[b, h, i, j] * tirx.const(scale, f32)
+        return x + bias[(*broadcast_index([_static(n) for n in bias.shape], b, h, i), j)].astype(f32) if bias is not None else x
 
-    offset = causal_offset(seq_q, seq_kv, causal) if causal != "none" else None
-    neg_inf = tirx.const(-math.inf, f32)
+    offset = causal_offset(_static(seq_q), _static(seq_kv), causal)
     logits = te.compute(
         score.shape,
-        lambda b, h, i, j: (
-            score[b, h, i, j] * tirx.const(scale, f32) + bias_at(b, h, i, j)
-            if offset is None
-            else tirx.Select(j <= i + offset, score[b, h, i, j] * tirx.const(scale, f32) + bias_at(b, h, i, j), neg_inf)
-        ),
+        lambda b, h, i, j: logit(b, h, i, j) if causal == "none"
+        else tirx.Select(j <= i + offset, logit(b, h, i, j), tirx.const(-math.inf, f32)),
         name="logits",
     )
     row_max = topi.max(logits, axis=-1)
@@ -134,6 +152,34 @@ def canonical_attention(q, k, v, bias, scale: float, causal: str) -> tirx.PrimFu
         {KERNEL_ATTR: "attention", "tvmpipe.attention.scale": scale, "tvmpipe.attention.causal": causal,
          "op_pattern": _OPAQUE}
     )
+
+
+def kernel_signature(spec, body) -> tirx.PrimFunc:
+    """Wrap TVMScript macro ``body(q, k, v, bias, out)`` in a PrimFunc with the canonical function's signature."""
+    H, HKV, D, DV, dtype = spec.heads, spec.kv_heads, spec.head_dim, spec.head_dim_v, spec.dtype
+    batch, sq, skv, bias_shape = spec.batch, spec.seq_q, spec.seq_kv, spec.bias_shape
+    if bias_shape is not None:
+
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
+            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
+            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
+            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
+            body(q, k, v, bias, out)
+
+    else:
+
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
+            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
+            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
+            body(q, k, v, None, out)
+
+    return attention
 
 
 def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -16,6 +16,8 @@ import tvm
 from tvm.script import tirx as T
 from tvm.target import codegen
 
+from .attention import causal_offset, kernel_signature
+
 BQ = 64  # query rows per task (amortises the K-tile transpose)
 BK = 64  # keys per tile
 RB = 4  # rows per register block
@@ -26,15 +28,11 @@ EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3, 5
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     """The CPU kernel for ``spec`` (an ``AttentionSpec``; its shapes may be symbolic)."""
-    H, HKV, D, DV, G = spec.heads, spec.kv_heads, spec.head_dim, spec.head_dim_v, spec.group
+    H, D, DV, G = spec.heads, spec.head_dim, spec.head_dim_v, spec.group
     dtype, scale = spec.dtype, spec.scale
-    has_bias, causal, bottom_right = spec.bias_shape is not None, spec.causal != "none", spec.causal == "BottomRight"
-    # bias broadcasts over an axis of extent 1; index it with 0 there
-    bias_full = [not (isinstance(n, tvm.tirx.IntImm) and n.value == 1) for n in (spec.bias_shape or [1] * 3)[:3]]
+    has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
+    batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     f32, neg_inf = "float32", T.float32("-inf")
-
-    def keep(i, j, skv, offset):  # key j exists and is visible from query row i
-        return tvm.tirx.all(j < skv, j <= i + offset) if causal else j < skv
 
     def exp(x):
         """e^x for x <= 0 or -inf (all softmax needs here), as 2^n * 2^f with Cephes' exp2f polynomial.
@@ -50,18 +48,14 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
             poly = poly * f + T.float32(c)
         return T.reinterpret("float32", T.shift_left(T.Cast("int32", n) + 127, 23)) * (T.float32(1) + f * poly)
 
-    def bias_at(bias, b, h, i, j):
-        idx = [x if full else 0 for x, full in zip((b, h, i), bias_full)]
-        return T.Cast(f32, bias[(*idx, j)])
-
     # register blocks of RB rows x two vector registers of lanes: 8 independent FMA chains hide FMA latency
     VS = 32 if codegen.target_has_features("avx512f", target) else 16
     VO = next(w for w in (VS, 16, 8, 4, 2, 1) if DV % w == 0)  # output columns per register block
 
     @T.macro
-    def body(q, k, v, bias, out, batch, sq, skv):
+    def body(q, k, v, bias, out):
         nq = T.meta_var((sq + BQ - 1) // BQ)
-        offset = T.meta_var(T.max(sq - skv, skv - sq) if bottom_right else T.int64(0))
+        offset = T.meta_var(causal_offset(sq, skv, spec.causal))
         for task in T.parallel(batch * H * nq):
             b = T.meta_var(task // (H * nq))
             h = T.meta_var(task // nq % H)
@@ -106,10 +100,9 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
                         for jj in T.vectorized(VS):
                             i = T.meta_var(ib * RB + r)
                             j = T.meta_var(jb * VS + jj)
-                            visible = T.meta_var(keep(i0 + i, j0 + j, skv, offset))
+                            visible = T.meta_var(spec.visible(i0 + i, j0 + j))
                             if has_bias:
-                                add = T.meta_var(bias_at(bias, b, h, T.min(i0 + i, sq - 1), T.min(j0 + j, skv - 1)))
-                                s[i, j] = T.if_then_else(visible, acc[r, jj] + add, neg_inf)
+                                s[i, j] = T.if_then_else(visible, acc[r, jj] + spec.bias_at(bias, b, h, i0 + i, j0 + j), neg_inf)
                             else:
                                 s[i, j] = T.if_then_else(visible, acc[r, jj], neg_inf)
                 # online softmax per row: new running max, rescale what was accumulated so far
@@ -143,28 +136,4 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
                 for c in T.vectorized(DV):
                     out[b, i0 + i, h, c] = T.Cast(dtype, o[i, c] / lsum[i])  # 0/0 = NaN for a fully masked row
 
-    batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
-    bias_shape = spec.bias_shape
-
-    if has_bias:
-
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
-            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
-            bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
-            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
-            body(q, k, v, bias, out, batch, sq, skv)
-
-    else:
-
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
-            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
-            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
-            body(q, k, v, None, out, batch, sq, skv)
-
-    return attention
+    return kernel_signature(spec, body)

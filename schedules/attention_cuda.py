@@ -10,8 +10,9 @@ skeleton as those kernels.
 
 Tensor-core kernel (fp16 / bf16, head_dim == head_dim_v in {32, 64, 96, 128}):
 
-* one CTA = ``BM = 16 * WARPS`` query rows of one (batch, head); each warp owns 16 rows, holding
-  its Q fragments in registers for the whole kernel (loaded once with ``ldmatrix``);
+* one CTA = ``BM`` query rows of one (batch, head) (``TileConfig``; by default 4 warps x 32 rows,
+  FA2's shape): each warp owns 16-row MMA tiles and re-reads its Q fragments from shared memory
+  with ``ldmatrix`` per k-step (or keeps them in registers, ``q_in_regs``);
 * K and V stream through shared memory in tiles of ``BN`` keys with ``cp.async`` into a
   ``STAGES``-deep ring: the copy of tile j+1 is in flight while tile j is computed;
 * S = Q·Kᵀ and O += P·V on ``mma.sync.m16n8k16`` with fp32 accumulators; rows are padded by 16
@@ -38,6 +39,8 @@ from dataclasses import dataclass
 import tvm
 from tvm.script import tirx as T
 
+from .attention import causal_offset, kernel_signature
+
 LOG2E = math.log2(math.e)
 TC_HEAD_DIMS = (32, 64, 96, 128)
 TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
@@ -54,57 +57,6 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     ):
         return flash_mma(spec)
     return flash_simt(spec)
-
-
-def _dim(x):
-    """Static extents as Python ints, so that index arithmetic stays 32-bit; symbolic ones as they are."""
-    return int(x) if isinstance(x, tvm.tirx.IntImm) else x
-
-
-def _mask_helpers(spec):
-    """(visible(row, key), bias_at(bias, b, h, row, key), causal offset) for a spec."""
-    causal = spec.causal != "none"
-    sq, skv = _dim(spec.seq_q), _dim(spec.seq_kv)
-    offset = T.max(sq - skv, skv - sq) if spec.causal == "BottomRight" else 0
-    bias_full = [not (isinstance(n, tvm.tirx.IntImm) and n.value == 1) for n in (spec.bias_shape or [1] * 3)[:3]]
-
-    def visible(row, key):
-        return tvm.tirx.all(key < skv, key <= row + offset) if causal else key < skv
-
-    def bias_at(bias, b, h, row, key):
-        idx = [x if full else 0 for x, full in zip((b, h, T.min(row, sq - 1)), bias_full)]
-        return T.Cast("float32", bias[(*idx, T.min(key, skv - 1))])
-
-    return visible, bias_at, offset
-
-
-def _signature(spec, body):
-    """Wrap ``body(q, k, v, bias, out)`` in a PrimFunc with the canonical function's signature."""
-    H, HKV, D, DV, dtype = spec.heads, spec.kv_heads, spec.head_dim, spec.head_dim_v, spec.dtype
-    batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
-    bias_shape = [_dim(n) for n in spec.bias_shape] if spec.bias_shape is not None else None
-    if bias_shape is not None:
-
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
-            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
-            bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
-            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
-            body(q, k, v, bias, out)
-
-    else:
-
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
-            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
-            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
-            body(q, k, v, None, out)
-
-    return attention
 
 
 @dataclass(frozen=True)
@@ -126,9 +78,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     """The tensor-core flash-attention kernel (see the module docstring)."""
     H, G, D, dtype = spec.heads, spec.group, spec.head_dim, spec.dtype
     ab = TC_DTYPES[dtype]
-    batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
+    batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
-    visible, bias_at, offset = _mask_helpers(spec)
+    offset = causal_offset(sq, skv, spec.causal)
     MT, stages = cfg.m_tiles, cfg.stages
     WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
     BM, BN = WM * cfg.warps, cfg.bn or (128 if D <= 64 else 64)
@@ -264,7 +216,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                             key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
                             i = T.meta_var((mt * NS + n) * 4 + c)
                             sacc[i] = T.if_then_else(
-                                visible(row, key), sacc[i] * T.float32(spec.scale) + bias_at(bias, b, h, row, key), neg_inf
+                                spec.visible(row, key), sacc[i] * T.float32(spec.scale) + spec.bias_at(bias, b, h, row, key), neg_inf
                             )
             else:
                 if needs_mask(q0, k0):
@@ -274,7 +226,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                                 row = T.meta_var(q0 + warp * WM + mt * 16 + g + c // 2 * 8)
                                 key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
                                 i = T.meta_var((mt * NS + n) * 4 + c)
-                                sacc[i] = T.if_then_else(visible(row, key), sacc[i], neg_inf)
+                                sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i], neg_inf)
                 if not fold:
                     for i in T.unroll(MT * NS * 4):
                         sacc[i] = sacc[i] * T.float32(c2)
@@ -361,15 +313,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                                 smem_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
                                 attend(smem_bf16, q, k, v, bias, out, bx, h, b, tx)
 
-    return _signature(spec, body)
+    return kernel_signature(spec, body)
 
 
 def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
     """Correct fallback for any dtype / head dims: one thread per query row, K/V tiles in shared memory."""
     H, G, D, DV, dtype = spec.heads, spec.group, spec.head_dim, spec.head_dim_v, spec.dtype
-    batch, sq, skv = _dim(spec.batch), _dim(spec.seq_q), _dim(spec.seq_kv)
+    batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
-    visible, bias_at, offset = _mask_helpers(spec)
+    offset = causal_offset(sq, skv, spec.causal)
     BK = 32 if max(D, DV) <= 128 else 16
     nq = (sq + rows - 1) // rows
     f32, neg_inf = "float32", T.float32("-inf")
@@ -423,8 +375,8 @@ def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
                                     for dd in T.unroll(D):
                                         s[jj] = s[jj] + qr[dd] * ks[jj, dd]
                                     if has_bias:
-                                        s[jj] = s[jj] + bias_at(bias, b, h, row, k0 + jj)
-                                    s[jj] = T.if_then_else(visible(row, k0 + jj), s[jj], neg_inf)
+                                        s[jj] = s[jj] + spec.bias_at(bias, b, h, row, k0 + jj)
+                                    s[jj] = T.if_then_else(spec.visible(row, k0 + jj), s[jj], neg_inf)
                                     st[2] = T.max(st[2], s[jj])
                                 base = T.meta_var(T.if_then_else(st[2] == neg_inf, T.float32(0), st[2]))
                                 st[3] = T.exp(st[0] - base)
@@ -441,4 +393,4 @@ def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
                                 for c in range(DV):
                                     out[b, row, h, c] = T.Cast(dtype, o[c] / st[1])
 
-    return _signature(spec, body)
+    return kernel_signature(spec, body)
