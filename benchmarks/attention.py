@@ -230,6 +230,9 @@ def run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"attention-{slug}.json").write_text(json.dumps(records, indent=1))
     plot(records, out / f"attention-{slug}.png", device)
+    for r in records:  # one line per measurement, for reading the log
+        print(f"{r['case']:34} {r['impl']:12} {r.get('variant', ''):12} {r.get('tflops', 0):7.1f} TFLOP/s  "
+              f"err {r.get('max_rel_err', math.nan):.1e}  {r.get('error', '')[:80]}")
 
 
 def plot(records: list[dict], path: Path, device: str) -> None:
