@@ -190,6 +190,8 @@ def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     args = list(call.args)
     sinfo = [a.ty for a in args]
     q_shape, k_shape, v_shape = (s.shape.values for s in sinfo[:3])
+    if not all(isinstance(n, tirx.IntImm) for n in (*q_shape[2:], *k_shape[2:], *v_shape[2:])):
+        raise TvmpipeError("attention needs static head counts and head dims (only batch / sequence may vary)")
     heads, kv_heads, head_dim = int(q_shape[2]), int(k_shape[2]), int(q_shape[3])
     if heads % kv_heads or int(v_shape[2]) != kv_heads:
         raise TvmpipeError(f"attention: {heads} query heads cannot share {kv_heads} key/value heads")

@@ -74,11 +74,12 @@ def assert_close(ours: np.ndarray, ref: np.ndarray, dtype: str) -> None:
     assert rel_err(ours[finite], ref[finite]) < TOL[dtype]
 
 
-def compile_cpu(mod: tvm.IRModule, custom: bool = True) -> relax.VirtualMachine:
+def compile_cpu(mod: tvm.IRModule, custom: bool = True, fused: bool = True) -> relax.VirtualMachine:
+    """``custom``: our legalisation; ``fused``: and our kernel (else the canonical definition runs as is)."""
     info = targets.resolve("cpu")
     mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations() if custom else {})
-    mod, chosen = schedules.apply(mod, info, enabled=custom)
-    assert ("Attention" in chosen.values()) == custom
+    mod, chosen = schedules.apply(mod, info, enabled=custom and fused)
+    assert ("Attention" in chosen.values()) == (custom and fused)
     return relax.VirtualMachine(build(mod, info).exe, tvm.cpu())
 
 
@@ -107,6 +108,14 @@ def test_cpu_kernel_matches_float64(rng, case):
         arrays["bias"][1, ..., skv - 30 :] = np.finfo(np.float32).min
     vm = compile_cpu(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
     assert_close(run_vm(vm, arrays), reference(**arrays, causal=causal), dtype)
+
+
+def test_canonical_definition_matches_float64(rng):
+    """The unscheduled canonical function (what a target without a fused kernel runs) is the reference too."""
+    b, sq, skv, h, hkv, d = 2, 13, 21, 4, 2, 8
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", (b, 1, sq, skv))
+    vm = compile_cpu(attention_module(b, sq, skv, h, hkv, d, "float32", (b, 1, sq, skv), "BottomRight"), fused=False)
+    assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
 
 
 def test_cpu_scale_and_distinct_value_dim(rng):
