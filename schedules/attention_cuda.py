@@ -14,7 +14,7 @@ Tensor-core kernel (fp16 / bf16, head_dim == head_dim_v in {32, 64, 96, 128}):
   FA2's shape): each warp owns 16-row MMA tiles and re-reads its Q fragments from shared memory
   with ``ldmatrix`` per k-step (or keeps them in registers, ``q_in_regs``);
 * K and V stream through shared memory in tiles of ``BN`` keys with ``cp.async`` into a
-  ``STAGES``-deep ring: the copy of tile j+1 is in flight while tile j is computed;
+  ``stages``-deep ring: tiles j+1 .. j+stages-1 are in flight while tile j is computed;
 * S = Q·Kᵀ and O += P·V on ``mma.sync.m16n8k16`` with fp32 accumulators; rows are padded by 16
   bytes in shared memory so ``ldmatrix`` and the copies are free of bank conflicts;
 * online softmax in registers with ``exp2`` and the scale folded into one FMA, row max/sum reduced
@@ -171,9 +171,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         hk = T.meta_var(h // G)
         n_kv = T.meta_var((kv_limit(q0) + BN - 1) // BN)
         load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
-        load_rows(smem, K_OFF, k, b, 0, skv, hk, BN, tx)
-        load_rows(smem, V_OFF, v, b, 0, skv, hk, BN, tx)
-        T.ptx.cp.async_.commit_group()
+        for p in T.unroll(stages - 1):  # prologue: tiles 0 .. stages-2 in flight, one commit group each
+            if p < n_kv:
+                load_rows(smem, K_OFF + p * (BN * DP), k, b, p * BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + p * (BN * DP), v, b, p * BN, skv, hk, BN, tx)
+            T.ptx.cp.async_.commit_group()
         for i in T.unroll(MT * ND * 4):
             oacc[i] = T.float32(0)
         for i in T.unroll(MT * 2):
@@ -182,12 +184,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         for j in T.serial(n_kv):
             k0 = T.meta_var(j * BN)
             stage = T.meta_var(j % stages * (BN * DP))
-            if j + 1 < n_kv:
-                nxt = T.meta_var((j + 1) % stages * (BN * DP))
-                load_rows(smem, K_OFF + nxt, k, b, k0 + BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + nxt, v, b, k0 + BN, skv, hk, BN, tx)
+            if j + stages - 1 < n_kv:  # into the stage read in iteration j-1 (all warps past its end barrier)
+                nxt = T.meta_var((j + stages - 1) % stages * (BN * DP))
+                load_rows(smem, K_OFF + nxt, k, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
             T.ptx.cp.async_.commit_group()
-            T.ptx.cp.async_.wait_group(1)
+            T.ptx.cp.async_.wait_group(stages - 1)  # all but the newest stages-1 groups done: tile j is in
             T.tvm_storage_sync("shared")
             if cfg.q_in_regs:
                 if j == 0:
@@ -271,8 +273,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     for mt in T.unroll(MT):
                         mma(pf, (mt * NS + kk * 2) * 4, vf, 0, oacc, (mt * ND + d2 * 2) * 4)
                         mma(pf, (mt * NS + kk * 2) * 4, vf, 4, oacc, (mt * ND + d2 * 2 + 1) * 4)
-            if stages == 2:  # the next copy overwrites this stage; with 3+ the barrier after the wait suffices
-                T.tvm_storage_sync("shared")
+            T.tvm_storage_sync("shared")
         T.ptx.cp.async_.wait_group(0)
         # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
         # this warp's own Q rows in shared memory, then 16-byte coalesced stores
