@@ -137,16 +137,16 @@ extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, lon
 """
 
 
-def _balanced(src: str, start: int) -> int:
-    """Index just past the parenthesis group opening at ``start`` (string literals skipped)."""
+def _balanced(src: str, start: int, pair: str = "()") -> int:
+    """Index just past the bracket group opening at ``start`` (string literals skipped)."""
     depth, i = 0, start
     while True:
         ch = src[i]
         if ch == '"':
             i = src.index('"', i + 1)
-        elif ch == "(":
+        elif ch == pair[0]:
             depth += 1
-        elif ch == ")":
+        elif ch == pair[1]:
             depth -= 1
             if depth == 0:
                 return i + 1
@@ -219,11 +219,7 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     start = source.index(f'extern "C" __global__')
     head = re.search(rf'extern "C" __global__ void __launch_bounds__\(\d+\) {name}\(([^)]*)\) \{{', source)
     params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
-    depth, end = 0, head.end() - 1
-    while depth or end == head.end() - 1:
-        depth += (source[end] == "{") - (source[end] == "}")
-        end += 1
-    kernel = source[head.start() : end].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
+    kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
     kernel = re.sub(r"extern __shared__ alignas\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_smem;", kernel)
     call = f"{name}(" + ", ".join(f"({t.replace('__restrict__', '')})args[{j}]" for j, (t, _) in enumerate(params)) + ")"
     cpp = PRELUDE + _helpers(source[:start]) + "\n" + _rewrite_asm(kernel) + _HARNESS.replace("KERNEL_CALL", call)
