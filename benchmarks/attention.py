@@ -3,6 +3,7 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
 
     python3 benchmarks/attention.py --build            # here (TVM compiler): build/gpu/attention/attention.so
     python3 benchmarks/attention.py --run --out DIR    # GPU machine (TVM runtime + torch): DIR/attention-<gpu>.json + .png
+    python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering
 
 ``--build`` compiles every kernel below (static shapes, sm_90, cubin + PTX via NVRTC) into ONE library:
 the kernel our schedule rule picks (impl "tvmpipe"), plus, for the benchmark shapes, the other tile
@@ -235,6 +236,43 @@ def run(out: Path) -> None:
               f"err {r.get('max_rel_err', math.nan):.1e}  {r.get('error', '')[:80]}")
 
 
+def cpu(out: Path) -> None:
+    """Latency on this CPU of the fused kernel and of TVM's default (unfused) lowering of the same op."""
+    import platform
+
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from compiler import passes, schedules, targets
+    from compiler.build import build
+
+    info = targets.resolve("cpu")
+    records = []
+    for dtype in ("float32", "float16"):
+        for causal in (None, "TopLeft"):
+            b, s, h, d = 2, 512, 8, 64
+            bb = relax.BlockBuilder()
+            q, k, v = (relax.Var(n, R.Tensor((b, s, h, d), dtype)) for n in "qkv")
+            with bb.function("main", [q, k, v]):
+                bb.emit_func_output(bb.emit(relax.op.nn.attention(q, k, v, causal_mask=causal)))
+            args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal((b, s, h, d)).astype(dtype)) for _ in "qkv"]
+            for impl, fused in (("tvmpipe", True), ("tvm-unfused", False)):
+                mod, _ = passes.optimize(bb.get(), info, legalize=schedules.legalizations() if fused else {})
+                mod, _ = schedules.apply(mod, info, enabled=fused)
+                vm = relax.VirtualMachine(build(mod, info).exe, tvm.cpu())
+                ms = 1e3 * min(vm.time_evaluator("main", tvm.cpu(), number=1, repeat=5 if fused else 2)(*args).results)
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                records.append({"impl": impl, "dtype": dtype, "causal": bool(causal), "batch": b, "seq": s, "heads": h,
+                                "d": d, "ms": ms, "gflops": flops / ms / 1e6, "device": info.isa_summary(),
+                                "cores": info.cores, "load_avg": list(__import__("os").getloadavg())})
+                print(json.dumps(records[-1]), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attention-cpu.json").write_text(json.dumps({"machine": platform.processor() or platform.machine(),
+                                                         "records": records}, indent=1))
+
+
 def plot(records: list[dict], path: Path, device: str) -> None:
     import matplotlib
 
@@ -272,9 +310,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true", help="compile the kernels (here, with the TVM compiler)")
     ap.add_argument("--run", action="store_true", help="check and time them (GPU machine, TVM runtime + torch)")
+    ap.add_argument("--cpu", action="store_true", help="time the CPU kernel against TVM's unfused lowering, here")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     a = ap.parse_args()
     if a.build:
         build()
     if a.run:
         run(a.out)
+    if a.cpu:
+        cpu(a.out)
