@@ -4,10 +4,11 @@
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules.
 """
 
-from . import softmax
+from . import attention, softmax
 
 RULES: list = [
     softmax.Softmax(),
+    attention.Attention(),
 ]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
@@ -15,4 +16,6 @@ RULES: list = [
 LEGALIZE: dict = {
     "relax.nn.softmax": softmax.legalize_softmax,
     "relax.nn.log_softmax": softmax.legalize_log_softmax,
+    "relax.nn.attention": attention.legalize,
+    "relax.nn.attention_bias": attention.legalize,
 }

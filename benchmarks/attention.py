@@ -1,0 +1,321 @@
+"""Fused attention on the GPU: correctness vs a float64 reference, then TFLOP/s of tvmpipe's kernel next
+to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
+
+    python3 benchmarks/attention.py --build            # here (TVM compiler): build/gpu/attention/attention.so
+    python3 benchmarks/attention.py --run --out DIR    # GPU machine (TVM runtime + torch): DIR/attention-<gpu>.json + .png
+    python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering
+
+``--build`` compiles every kernel below (static shapes, sm_90, cubin + PTX via NVRTC) into ONE library:
+the kernel our schedule rule picks (impl "tvmpipe"), plus, for the benchmark shapes, the other tile
+configurations of the tensor-core kernel (records with a "variant"), so one GPU run can tell which
+configuration the rule should pick. ``--run`` loads it with the TVM runtime alone. Benchmarks: batch x seq = 16384 tokens, hidden 2048
+(heads = 2048 / d), fp16, d in {64, 128}, seq in {512, 2048, 8192}, causal or not; TFLOP/s counts
+4·b·h·s²·d, halved for causal. Each case runs in its own try block: one failure is recorded, the rest go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+BUILD = REPO / "build" / "gpu" / "attention"
+LIB = BUILD / "attention.so"
+TOKENS, HIDDEN = 16384, 2048
+TOL = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-4}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    seq_q: int
+    seq_kv: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "float16"
+    bias: str | None = None  # None, "padding" [b,1,1,kv], "mask" [1,h,q,kv], "masked-rows" [b,h,q,kv]
+    causal: str | None = None  # None, "TopLeft", "BottomRight"
+    bench: bool = False
+
+    @property
+    def bias_shape(self) -> tuple[int, ...] | None:
+        b, h, q, kv = self.batch, self.heads, self.seq_q, self.seq_kv
+        return {None: None, "padding": (b, 1, 1, kv), "mask": (1, h, q, kv), "masked-rows": (b, h, q, kv)}[self.bias]
+
+    @property
+    def flops(self) -> float:
+        full = 4 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
+        return full / 2 if self.causal else full
+
+    def variants(self) -> list:
+        """Tile configurations to time besides the rule's choice (benchmark shapes only)."""
+        from schedules.attention_cuda import TileConfig
+
+        if not self.bench:
+            return []
+        other = [TileConfig(bn=32 if self.head_dim > 64 else 64), TileConfig(bn=64, stages=3),
+                 TileConfig(warps=8, m_tiles=1, q_in_regs=True), TileConfig(warps=8, m_tiles=2)]
+        return [c for c in other if c != TileConfig()]
+
+
+CASES = [
+    Case(f"bench_d{d}_s{s}_{'causal' if c else 'full'}", TOKENS // s, s, s, HIDDEN // d, HIDDEN // d, d,
+         causal="TopLeft" if c else None, bench=True)
+    for d in (64, 128) for s in (512, 2048, 8192) for c in (False, True)
+] + [
+    Case("odd_seq", 2, 1000, 1000, 8, 8, 128),
+    Case("causal_odd", 1, 777, 777, 4, 4, 64, causal="TopLeft"),
+    Case("bf16_bottom_right", 2, 300, 1000, 4, 4, 128, "bfloat16", causal="BottomRight"),
+    Case("key_padding", 3, 500, 500, 4, 4, 64, bias="padding"),
+    Case("additive_mask_causal", 1, 333, 333, 8, 8, 128, bias="mask", causal="TopLeft"),
+    Case("gqa_causal", 2, 1024, 1024, 16, 4, 128, causal="TopLeft"),
+    Case("fully_masked_rows", 1, 200, 300, 2, 2, 64, bias="masked-rows"),
+    Case("fallback_fp32", 1, 300, 300, 4, 4, 64, "float32", causal="TopLeft"),
+    Case("fallback_d80", 2, 129, 129, 4, 4, 80),
+]
+
+
+def build() -> None:
+    """Schedule each case's canonical attention function with our rule; compile all into one library."""
+    import tvm
+    from tvm import te
+
+    from compiler import targets
+    from compiler.build import Built
+    from schedules.attention import Attention, AttentionSpec, canonical_attention
+    from schedules.attention_cuda import flash_mma
+
+    info = targets.resolve("cuda-sm90")
+    funcs = {}
+    for case in CASES:
+        shapes = {"q": (case.batch, case.seq_q, case.heads, case.head_dim),
+                  "k": (case.batch, case.seq_kv, case.kv_heads, case.head_dim),
+                  "v": (case.batch, case.seq_kv, case.kv_heads, case.head_dim), "bias": case.bias_shape}
+        args = {n: te.placeholder(s, case.dtype, n) if s else None for n, s in shapes.items()}
+        canonical = canonical_attention(*args.values(), 1 / math.sqrt(case.head_dim), case.causal or "none")
+        with info.target:
+            sch = Attention().apply(canonical, info.target, False)
+        funcs[case.name] = sch.mod["main"].with_attr("global_symbol", case.name)
+        for cfg in case.variants():
+            name = f"{case.name}__{cfg.name}"
+            funcs[name] = flash_mma(AttentionSpec.of(canonical), cfg).with_attr("global_symbol", name)
+    BUILD.mkdir(parents=True, exist_ok=True)
+    gpu = Built(tvm.compile(tvm.IRModule(funcs), target=info.target), info).export(LIB)
+    (BUILD / "kernels.json").write_text(json.dumps({"tvm": tvm.__version__, "kernels": sorted(funcs)}, indent=1))
+    print(f"built {LIB} ({LIB.stat().st_size} bytes, {len(funcs)} kernels): {gpu}")
+
+
+def run(out: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    import tvm
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    lib = tvm.runtime.load_module(str(LIB))
+    kernels = json.loads((BUILD / "kernels.json").read_text())["kernels"]
+    dev = tvm.cuda(0)
+    device = torch.cuda.get_device_name(0)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    gen = torch.Generator("cuda").manual_seed(0)
+
+    def inputs(case: Case) -> dict:
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(tdt[case.dtype])
+
+        t = {"q": randn(case.batch, case.seq_q, case.heads, case.head_dim),
+             "k": randn(case.batch, case.seq_kv, case.kv_heads, case.head_dim),
+             "v": randn(case.batch, case.seq_kv, case.kv_heads, case.head_dim)}
+        if case.bias == "padding":  # the last keys of each sequence are padding
+            bias = torch.zeros(case.bias_shape, device="cuda")
+            for i in range(case.batch):
+                bias[i, ..., case.seq_kv - 17 * (i + 1):] = -math.inf
+            t["bias"] = bias.to(tdt[case.dtype])
+        elif case.bias:
+            bias = randn(*case.bias_shape).float()
+            if case.bias == "masked-rows":  # row 3 masked entirely (NaN out), row 5 over its first 130 keys
+                bias[:, :, 3, :] = -math.inf
+                bias[:, :, 5, :130] = -math.inf
+            t["bias"] = bias.to(tdt[case.dtype])
+        return t
+
+    def reference(case: Case, t: dict, heads: list[int], batch: int) -> torch.Tensor:
+        """float64 on the GPU, for the given query heads of ``batch`` batches; NaN for a row with no finite score."""
+        g = case.heads // case.kv_heads
+        q = t["q"][:batch, :, heads].double().transpose(1, 2)
+        k = t["k"][:batch, :, [h // g for h in heads]].double().transpose(1, 2)
+        v = t["v"][:batch, :, [h // g for h in heads]].double().transpose(1, 2)
+        s = q @ k.transpose(-1, -2) / math.sqrt(case.head_dim)
+        if "bias" in t:
+            bias = t["bias"].double().expand(case.batch, case.heads, case.seq_q, case.seq_kv)
+            s = s + bias[:batch, heads]
+        if case.causal:
+            offset = 0 if case.causal == "TopLeft" else abs(case.seq_q - case.seq_kv)
+            rows = torch.arange(case.seq_q, device="cuda")[:, None]
+            s = s.masked_fill(torch.arange(case.seq_kv, device="cuda")[None, :] > rows + offset, -math.inf)
+        return (torch.softmax(s, -1) @ v).transpose(1, 2)
+
+    def error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+        ours = ours.double()
+        if not torch.equal(torch.isnan(ours), torch.isnan(ref)):
+            return math.inf
+        finite = ~torch.isnan(ref)
+        return float((ours[finite] - ref[finite]).abs().max() / ref[finite].abs().max())
+
+    def cuda_ms(fn, reps: int) -> float:
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+
+    records = []
+    for case in CASES:
+        base = {"case": case.name, "d": case.head_dim, "seq": case.seq_q, "seq_kv": case.seq_kv, "batch": case.batch,
+                "heads": case.heads, "kv_heads": case.kv_heads, "dtype": case.dtype, "bias": case.bias,
+                "causal": bool(case.causal), "causal_mode": case.causal, "device": device}
+        heads = sorted({0, case.heads - 1})  # checked against float64: first and last head, 1 batch when benchmarking
+        batch = 1 if case.bench else case.batch
+        reps = max(5, min(100, int(2e13 / case.flops)))
+        t = None
+        for kernel in [case.name] + [n for n in kernels if n.startswith(case.name + "__")]:
+            variant = {"variant": kernel.split("__")[1]} if "__" in kernel else {}
+            try:
+                if t is None:
+                    t = inputs(case)
+                    torch.cuda.synchronize()  # TVM launches on its own stream
+                o = torch.full_like(t["q"], math.nan)
+                args = [tvm.runtime.from_dlpack(x) for x in [t[n] for n in ("q", "k", "v", "bias") if n in t] + [o]]
+                lib[kernel](*args)
+                torch.cuda.synchronize()
+                err = error(o[:batch, :, heads], reference(case, t, heads, batch))
+                rec = {**base, "impl": "tvmpipe", **variant, "max_rel_err": err, "correct": err <= TOL[case.dtype]}
+                if case.bench:
+                    ms = 1e3 * lib.time_evaluator(kernel, dev, number=reps, repeat=1)(*args).mean
+                    rec.update(ms=ms, tflops=case.flops / ms / 1e9)
+                records.append(rec)
+            except Exception as err:  # one failing case must not stop the others
+                records.append({**base, "impl": "tvmpipe", **variant, "error": f"{type(err).__name__}: {err}",
+                                "traceback": traceback.format_exc(limit=4)})
+            print(json.dumps(records[-1]), flush=True)
+        if case.bench and t is not None:
+            q, k, v = (t[n].transpose(1, 2) for n in ("q", "k", "v"))  # torch's (b, h, s, d) views of the same data
+            for impl, backend in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(backend):
+                        def sdpa():
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=bool(case.causal))
+
+                        err = error(sdpa().transpose(1, 2)[:1, :, heads], reference(case, t, heads, 1))
+                        ms = cuda_ms(sdpa, reps)
+                    records.append({**base, "impl": impl, "ms": ms, "tflops": case.flops / ms / 1e9, "max_rel_err": err})
+                except Exception as err:
+                    records.append({**base, "impl": impl, "error": f"{type(err).__name__}: {err}"})
+                print(json.dumps(records[-1]), flush=True)
+        t = q = k = v = o = args = None
+        torch.cuda.empty_cache()
+
+    slug = device.split()[-1].lower()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"attention-{slug}.json").write_text(json.dumps(records, indent=1))
+    plot(records, out / f"attention-{slug}.png", device)
+    for r in records:  # one line per measurement, for reading the log
+        print(f"{r['case']:34} {r['impl']:12} {r.get('variant', ''):12} {r.get('tflops', 0):7.1f} TFLOP/s  "
+              f"err {r.get('max_rel_err', math.nan):.1e}  {r.get('error', '')[:80]}")
+
+
+def cpu(out: Path) -> None:
+    """Latency on this CPU of the fused kernel and of TVM's default (unfused) lowering of the same op."""
+    import platform
+
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from compiler import passes, schedules, targets
+    from compiler.build import build
+
+    info = targets.resolve("cpu")
+    records = []
+    for dtype in ("float32", "float16"):
+        for causal in (None, "TopLeft"):
+            b, s, h, d = 2, 512, 8, 64
+            bb = relax.BlockBuilder()
+            q, k, v = (relax.Var(n, R.Tensor((b, s, h, d), dtype)) for n in "qkv")
+            with bb.function("main", [q, k, v]):
+                bb.emit_func_output(bb.emit(relax.op.nn.attention(q, k, v, causal_mask=causal)))
+            args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal((b, s, h, d)).astype(dtype)) for _ in "qkv"]
+            for impl, fused in (("tvmpipe", True), ("tvm-unfused", False)):
+                mod, _ = passes.optimize(bb.get(), info, legalize=schedules.legalizations() if fused else {})
+                mod, _ = schedules.apply(mod, info, enabled=fused)
+                vm = relax.VirtualMachine(build(mod, info).exe, tvm.cpu())
+                ms = 1e3 * min(vm.time_evaluator("main", tvm.cpu(), number=1, repeat=5 if fused else 2)(*args).results)
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                records.append({"impl": impl, "dtype": dtype, "causal": bool(causal), "batch": b, "seq": s, "heads": h,
+                                "d": d, "ms": ms, "gflops": flops / ms / 1e6, "device": info.isa_summary(),
+                                "cores": info.cores, "load_avg": list(__import__("os").getloadavg())})
+                print(json.dumps(records[-1]), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attention-cpu.json").write_text(json.dumps({"machine": platform.processor() or platform.machine(),
+                                                         "records": records}, indent=1))
+
+
+def plot(records: list[dict], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharey=True)
+    panels = [(d, c) for d in (64, 128) for c in (False, True)]
+    for ax, (d, causal) in zip(axes, panels):
+        bench = [r for r in records if r.get("tflops") and r["d"] == d and r["causal"] == causal]
+        lines = {impl: [r for r in bench if r["impl"] == impl and "variant" not in r]
+                 for impl in ("tvmpipe", "torch-flash", "torch-cudnn")}
+        best = {}
+        for r in bench:
+            if r["impl"] == "tvmpipe" and r["tflops"] > best.get(r["seq"], {"tflops": 0})["tflops"]:
+                best[r["seq"]] = r
+        lines["tvmpipe, best tile config"] = list(best.values())
+        for label, rows in lines.items():
+            if rows:
+                pts = sorted((r["seq"], r["tflops"]) for r in rows)
+                ax.plot(*zip(*pts), marker="o", label=label, linestyle="--" if "best" in label else "-")
+        ax.set(title=f"d={d} {'causal' if causal else 'non-causal'}", xlabel="seq (batch·seq = 16384)")
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+        ax.set_xticks([512, 2048, 8192], ["512", "2048", "8192"])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (fp16)")
+    axes[0].legend()
+    fig.suptitle(f"Attention forward, hidden 2048, {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", action="store_true", help="compile the kernels (here, with the TVM compiler)")
+    ap.add_argument("--run", action="store_true", help="check and time them (GPU machine, TVM runtime + torch)")
+    ap.add_argument("--cpu", action="store_true", help="time the CPU kernel against TVM's unfused lowering, here")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    a = ap.parse_args()
+    if a.build:
+        build()
+    if a.run:
+        run(a.out)
+    if a.cpu:
+        cpu(a.out)

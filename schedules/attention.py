@@ -1,0 +1,224 @@
+"""Fused attention: Relax's ``nn.attention`` as ONE kernel that never writes the score matrix.
+
+Two halves, joined by a function attribute:
+
+* ``legalize`` (registered in ``schedules.LEGALIZE`` for ``relax.nn.attention`` and
+  ``relax.nn.attention_bias``) lowers the op to a call_tir of a *canonical* PrimFunc: the plain
+  definition in TE (scores, mask, softmax, weighted sum), marked ``tvmpipe.kernel = "attention"``
+  with its scale and causal mode, and ``op_pattern = kOpaque`` so FuseOps leaves it alone.
+* ``Attention`` (a DLight rule in ``schedules.RULES``) recognises that attribute and replaces the
+  canonical function with a hand-written kernel of the same signature: the tensor-core flash kernel
+  (``attention_cuda``) or a SIMT fallback on CUDA, the tiled online-softmax kernel on CPU
+  (``attention_cpu``). The kernels are written directly in TVMScript (explicit tiling, shared
+  memory, mma/ldmatrix/cp.async) rather than derived by schedule primitives from the canonical
+  compute: the rule returns ``Schedule(kernel)``.
+
+Semantics (layout BSNH; equal to TVM's default legalisation, which is what the unfused graph gives):
+``out[b,i,h,:] = softmax_j(scale * q[b,i,h,:]·k[b,j,h/g,:] + bias[b,h,i,j], masked) @ v[b,:,h/g,:]``
+with ``scale = 1/sqrt(head_dim)`` unless given, ``g = heads / kv_heads`` (grouped-query heads),
+``bias`` broadcast over any of its first three axes, and a causal mask keeping ``j <= i + offset``
+(``offset = 0`` for "TopLeft", ``|seq_q - seq_kv|`` for "BottomRight", as TVM defines it). A row
+whose every score is ``-inf`` (fully masked by the bias) comes out NaN, as the unfused softmax gives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import relax, te, tirx, topi
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.script import tirx as T
+
+from compiler.errors import TvmpipeError
+
+# ``legalize`` runs inside LegalizeOps (C++): registered, a TvmpipeError it raises reaches the CLI as itself
+tvm_ffi.register_error(TvmpipeError)
+
+KERNEL_ATTR = "tvmpipe.kernel"
+_OPAQUE = 8  # relax OpPatternKind::kOpaque: FuseOps never fuses the call with its neighbours
+
+
+def _static(x):
+    """A static extent as a Python int (index arithmetic stays 32-bit); a symbolic one as it is."""
+    return int(x) if isinstance(x, tirx.IntImm) else x
+
+
+def causal_offset(seq_q, seq_kv, causal: str):
+    """Query row i sees key j iff ``j <= i + offset``: 0 for "TopLeft", ``|seq_q - seq_kv|`` for "BottomRight"."""
+    if causal != "BottomRight":
+        return 0
+    if isinstance(seq_q, int) and isinstance(seq_kv, int):
+        return abs(seq_q - seq_kv)
+    return tirx.max(seq_q - seq_kv, seq_kv - seq_q)
+
+
+def broadcast_index(shape, b, h, i) -> list:
+    """Index of a bias broadcast over its extent-1 leading axes."""
+    return [0 if isinstance(n, int) and n == 1 else x for x, n in zip((b, h, i), shape[:3])]
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Everything a kernel generator needs, read back from a canonical function (static extents as ints)."""
+
+    batch: int | tirx.PrimExpr
+    seq_q: int | tirx.PrimExpr
+    seq_kv: int | tirx.PrimExpr
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    scale: float
+    causal: str  # "none", "TopLeft" or "BottomRight"
+    bias_shape: tuple | None  # the bias buffer's shape (4-D, broadcastable) or None
+    bias_dtype: str | None
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    def visible(self, row, key):
+        """Whether key ``key`` exists and query row ``row`` may attend to it."""
+        if self.causal == "none":
+            return key < self.seq_kv
+        return tirx.all(key < self.seq_kv, key <= row + causal_offset(self.seq_q, self.seq_kv, self.causal))
+
+    def bias_at(self, bias, b, h, row, key):
+        """The bias for (b, h, row, key) in fp32; rows / keys past the end are clamped (their scores are unused)."""
+        idx = broadcast_index(self.bias_shape, b, h, tirx.min(row, self.seq_q - 1))
+        return bias[(*idx, tirx.min(key, self.seq_kv - 1))].astype("float32")
+
+    @staticmethod
+    def of(func: tirx.PrimFunc) -> AttentionSpec | None:
+        attrs = func.attrs
+        if attrs is None or attrs.get(KERNEL_ATTR) != "attention":
+            return None
+        q, k, v = func.params[:3]
+        bias = func.params[3] if len(func.params) == 5 else None
+        return AttentionSpec(
+            batch=_static(q.shape[0]), seq_q=_static(q.shape[1]), seq_kv=_static(k.shape[1]), heads=int(q.shape[2]),
+            kv_heads=int(k.shape[2]), head_dim=int(q.shape[3]), head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
+            scale=float(attrs["tvmpipe.attention.scale"]), causal=str(attrs["tvmpipe.attention.causal"]),
+            bias_shape=tuple(_static(n) for n in bias.shape) if bias is not None else None,
+            bias_dtype=str(bias.dtype) if bias is not None else None,
+        )
+
+
+def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None, scale: float, causal: str):
+    """The definition, in TE, with fp32 scores: what the fused kernels must reproduce."""
+    batch, seq_q, heads, head_dim = q.shape
+    _, seq_kv, kv_heads, head_dim_v = v.shape
+    group = int(heads) // int(kv_heads)
+    f32 = "float32"
+    d = te.reduce_axis((0, head_dim), "d")
+    score = te.compute(
+        (batch, heads, seq_q, seq_kv),
+        lambda b, h, i, j: te.sum(q[b, i, h, d].astype(f32) * k[b, j, h // group, d].astype(f32), axis=d),
+        name="score",
+    )
+
+    def logit(b, h, i, j):
+        x = score[b, h, i, j] * tirx.const(scale, f32)
+        return x + bias[(*broadcast_index([_static(n) for n in bias.shape], b, h, i), j)].astype(f32) if bias is not None else x
+
+    offset = causal_offset(_static(seq_q), _static(seq_kv), causal)
+    logits = te.compute(
+        score.shape,
+        lambda b, h, i, j: logit(b, h, i, j) if causal == "none"
+        else tirx.Select(j <= i + offset, logit(b, h, i, j), tirx.const(-math.inf, f32)),
+        name="logits",
+    )
+    row_max = topi.max(logits, axis=-1)
+    e = te.compute(logits.shape, lambda b, h, i, j: tirx.exp(logits[b, h, i, j] - row_max[b, h, i]), name="e")
+    row_sum = topi.sum(e, axis=-1)
+    jj = te.reduce_axis((0, seq_kv), "j")
+    acc = te.compute(
+        (batch, seq_q, heads, head_dim_v),
+        lambda b, i, h, c: te.sum(e[b, h, i, jj] * v[b, jj, h // group, c].astype(f32), axis=jj),
+        name="acc",
+    )
+    return te.compute(acc.shape, lambda b, i, h, c: (acc[b, i, h, c] / row_sum[b, h, i]).astype(q.dtype), name="out")
+
+
+def canonical_attention(q, k, v, bias, scale: float, causal: str) -> tirx.PrimFunc:
+    """The canonical PrimFunc for these argument tensors (te placeholders), marked for the rule."""
+    out = _canonical(q, k, v, bias, scale, causal)
+    args = [q, k, v] + ([bias] if bias is not None else []) + [out]
+    return te.create_prim_func(args).with_attrs(
+        {KERNEL_ATTR: "attention", "tvmpipe.attention.scale": scale, "tvmpipe.attention.causal": causal,
+         "op_pattern": _OPAQUE}
+    )
+
+
+def kernel_signature(spec, body) -> tirx.PrimFunc:
+    """Wrap TVMScript macro ``body(q, k, v, bias, out)`` in a PrimFunc with the canonical function's signature."""
+    H, HKV, D, DV, dtype = spec.heads, spec.kv_heads, spec.head_dim, spec.head_dim_v, spec.dtype
+    batch, sq, skv, bias_shape = spec.batch, spec.seq_q, spec.seq_kv, spec.bias_shape
+    if bias_shape is not None:
+
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
+            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
+            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
+            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
+            body(q, k, v, bias, out)
+
+    else:
+
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
+            q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
+            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
+            body(q, k, v, None, out)
+
+    return attention
+
+
+def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.nn.attention[_bias]`` -> call_tir of the canonical attention PrimFunc."""
+    attrs = call.attrs
+    if attrs.window_size is not None:
+        raise TvmpipeError("attention with a sliding window (window_size) is not supported")
+    args = list(call.args)
+    sinfo = [a.ty for a in args]
+    q_shape, k_shape, v_shape = (s.shape.values for s in sinfo[:3])
+    if not all(isinstance(n, tirx.IntImm) for n in (*q_shape[2:], *k_shape[2:], *v_shape[2:])):
+        raise TvmpipeError("attention needs static head counts and head dims (only batch / sequence may vary)")
+    heads, kv_heads, head_dim = int(q_shape[2]), int(k_shape[2]), int(q_shape[3])
+    if heads % kv_heads or int(v_shape[2]) != kv_heads:
+        raise TvmpipeError(f"attention: {heads} query heads cannot share {kv_heads} key/value heads")
+    scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(head_dim)
+    causal = str(attrs.causal_mask) if attrs.causal_mask is not None else "none"
+    placeholders = [te.placeholder(s.shape.values, s.dtype, name) for s, name in zip(sinfo, "qkvb")]
+    func = canonical_attention(*placeholders[:3], placeholders[3] if len(args) == 4 else None, scale, causal)
+    gvar = bb.add_func(func, "attention")
+    out = relax.TensorType([*q_shape[:3], v_shape[3]], sinfo[0].dtype)
+    return relax.call_tir(gvar, args, out)
+
+
+class Attention(ScheduleRule):
+    """Swap the canonical attention function for the fused kernel of the target."""
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, tunable: bool):
+        spec = AttentionSpec.of(func)
+        if spec is None:
+            return None
+        if target.kind.name == "cuda":
+            from . import attention_cuda
+
+            kernel = attention_cuda.kernel(spec, target)
+        elif target.kind.name == "llvm":
+            from . import attention_cpu
+
+            kernel = attention_cpu.kernel(spec, target)
+        else:  # another GPU API: the canonical function is left to the generic schedulers
+            return None
+        return tvm.s_tir.Schedule(kernel.with_attrs(dict(func.attrs)))

@@ -1,0 +1,259 @@
+"""Run a TVM-generated CUDA kernel on the CPU: one OS thread per CUDA thread, warp collectives emulated.
+
+Why: CI has no GPU, and a tensor-core kernel's correctness hangs on fragment layouts that only show
+at run time. This executes the very CUDA source TVM generates (compiled as C++ with g++), with
+``ldmatrix`` / ``mma.sync`` / shuffles reimplemented from the PTX ISA's fragment definitions and
+``__syncthreads`` as a real barrier, so a wrong layout, index or missing barrier shows as wrong
+numbers. ``cp.async`` copies complete immediately (an ordering bug among async copies cannot show).
+Slow by design: meant for tiny problems.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PRELUDE = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __align__(n) alignas(n)
+#define CUDART_INF_F INFINITY
+#define uint unsigned int
+#define uchar unsigned char
+typedef _Float16 half;
+struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
+  uint16_t bits;
+  nv_bfloat16() = default;
+  nv_bfloat16(float f) { uint32_t u; std::memcpy(&u, &f, 4); bits = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+  operator float() const { uint32_t u = (uint32_t)bits << 16; float f; std::memcpy(&f, &u, 4); return f; }
+};
+struct uint4 { unsigned x, y, z, w; };
+struct Dim3 { int x = 0, y = 0, z = 0; };
+static thread_local Dim3 threadIdx, blockIdx;
+static char* emu_smem;
+static std::barrier<>* emu_block_barrier;
+static std::vector<std::barrier<>*> emu_warp_barriers;
+static uint32_t emu_slots[1024][16];  // per-thread operand exchange for warp collectives
+static inline float max(float a, float b) { return std::fmax(a, b); }
+static inline float min(float a, float b) { return std::fmin(a, b); }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+static inline void warp_sync() { emu_warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+static inline unsigned __cvta_generic_to_shared(const void* p) { return (unsigned)((const char*)p - emu_smem); }
+static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width) {
+  int t = threadIdx.x, lane = t % 32;
+  std::memcpy(&emu_slots[t][0], &v, 4);
+  warp_sync();
+  int src = (t - lane) + ((lane ^ lane_mask) % width + lane / width * width);
+  float r; std::memcpy(&r, &emu_slots[src][0], 4);
+  warp_sync();
+  return r;
+}
+// ldmatrix.m8n8.xN.b16: threads 8i..8i+7 give the row addresses of matrix i; lane l gets matrix i's
+// elements (l/4, 2(l%4)..+1), or with .trans (2(l%4)..+1, l/4), packed in register i.
+static void emu_ldmatrix(bool trans, int num, unsigned addr, unsigned** out) {
+  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  emu_slots[t][0] = addr;
+  warp_sync();
+  for (int i = 0; i < num; ++i) {
+    uint16_t e[2];
+    for (int k = 0; k < 2; ++k) {
+      int row = trans ? 2 * (lane % 4) + k : lane / 4, col = trans ? lane / 4 : 2 * (lane % 4) + k;
+      std::memcpy(&e[k], emu_smem + emu_slots[w0 + 8 * i + row][0] + 2 * col, 2);
+    }
+    *out[i] = e[0] | ((unsigned)e[1] << 16);
+  }
+  warp_sync();
+}
+template <typename T> static float emu_elem(uint32_t reg, int k) {
+  T v; std::memcpy(&v, (char*)&reg + 2 * k, 2); return (float)v;
+}
+// mma.m16n8k16.row.col, fp32 accumulate (g = lane/4, t = lane%4): A regs hold rows (g, g+8, g, g+8) x
+// cols (2t, 2t, 2t+8, 2t+8) (+0, +1); B regs hold k (2t, 2t+8) (+0, +1) of column g; C/D hold (g, 2t..), (g+8, 2t..).
+template <typename T> static void emu_mma(float** d, const unsigned* a, const unsigned* b, const float* c) {
+  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  std::memcpy(&emu_slots[t][0], a, 16); std::memcpy(&emu_slots[t][4], b, 8); std::memcpy(&emu_slots[t][6], c, 16);
+  warp_sync();
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    int g = l / 4, q = l % 4;
+    for (int k = 0; k < 2; ++k) {
+      A[g][2 * q + k] = emu_elem<T>(emu_slots[w0 + l][0], k); A[g + 8][2 * q + k] = emu_elem<T>(emu_slots[w0 + l][1], k);
+      A[g][2 * q + 8 + k] = emu_elem<T>(emu_slots[w0 + l][2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(emu_slots[w0 + l][3], k);
+      B[2 * q + k][g] = emu_elem<T>(emu_slots[w0 + l][4], k); B[2 * q + 8 + k][g] = emu_elem<T>(emu_slots[w0 + l][5], k);
+      std::memcpy(&C[g][2 * q + k], &emu_slots[w0 + l][6 + k], 4); std::memcpy(&C[g + 8][2 * q + k], &emu_slots[w0 + l][8 + k], 4);
+    }
+  }
+  warp_sync();
+  int g = lane / 4, q = lane % 4;
+  for (int r = 0; r < 4; ++r) {
+    int row = g + r / 2 * 8, col = 2 * q + r % 2;
+    float acc = C[row][col];
+    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    *d[r] = acc;
+  }
+}
+static void emu_cp_async(unsigned dst, const void* src, unsigned bytes, unsigned src_bytes) {
+  std::memset(emu_smem + dst, 0, bytes);
+  std::memcpy(emu_smem + dst, src, src_bytes);
+}
+"""
+
+_HARNESS = r"""
+extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, long smem) {
+  std::vector<char> shared(smem + 64);
+  emu_smem = shared.data();
+  for (int bz = 0; bz < gz; ++bz) for (int by = 0; by < gy; ++by) for (int bx = 0; bx < gx; ++bx) {
+    std::barrier<> block(threads);
+    emu_block_barrier = &block;
+    std::vector<std::barrier<>*> warps;
+    for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, threads - 32 * w)));
+    emu_warp_barriers = warps;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([=] { threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz; KERNEL_CALL; });
+    for (auto& th : pool) th.join();
+    for (auto* w : warps) delete w;
+  }
+}
+"""
+
+
+def _balanced(src: str, start: int, pair: str = "()") -> int:
+    """Index just past the bracket group opening at ``start`` (string literals skipped)."""
+    depth, i = 0, start
+    while True:
+        ch = src[i]
+        if ch == '"':
+            i = src.index('"', i + 1)
+        elif ch == pair[0]:
+            depth += 1
+        elif ch == pair[1]:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    parts, depth, cur, in_str = [], 0, "", False
+    for ch in text:
+        in_str = in_str != (ch == '"')
+        depth += 0 if in_str else (ch == "(") - (ch == ")")
+        if ch == sep and depth == 0 and not in_str:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+def _operands(text: str) -> list[str]:
+    """``"=r"(expr), "r"(expr)`` -> [expr, expr]."""
+    return [op[op.index("(") + 1 : op.rindex(")")] for op in _split_top(text, ",") if op.strip()]
+
+
+def _rewrite_asm(body: str) -> str:
+    out, pos = [], 0
+    for m in re.finditer(r"__asm__ __volatile__\(", body):
+        if m.start() < pos:
+            continue
+        end = _balanced(body, m.end() - 1)
+        template, outs, ins = (_split_top(body[m.end() : end - 1], ":") + ["", ""])[:3]
+        insn = "".join(re.findall(r'"([^"]*)"', template))
+        outs, ins = _operands(outs), _operands(ins)
+        if insn.startswith("ldmatrix"):
+            num = int(re.search(r"\.x(\d)", insn).group(1))
+            regs = ", ".join(f"(unsigned*)&({o})" for o in outs)
+            call = f"{{ unsigned* r_[] = {{{regs}}}; emu_ldmatrix({str('.trans' in insn).lower()}, {num}, {ins[0]}, r_); }}"
+        elif insn.startswith("mma.sync.aligned.m16n8k16.row.col.f32."):
+            elem = {"f16": "half", "bf16": "nv_bfloat16"}[insn.split(".")[7]]
+            ds = ", ".join(f"(float*)&({o})" for o in outs)
+            call = (f"{{ float* d_[] = {{{ds}}}; unsigned a_[] = {{{', '.join(ins[:4])}}}; "
+                    f"unsigned b_[] = {{{', '.join(ins[4:6])}}}; float c_[] = {{{', '.join(ins[6:10])}}}; "
+                    f"emu_mma<{elem}>(d_, a_, b_, c_); }}")
+        else:
+            raise NotImplementedError(f"no emulation for PTX '{insn}'")
+        out += [body[pos : m.start()], call]
+        pos = end + 1  # past the closing ';'
+    return "".join(out) + body[pos:]
+
+
+def _helpers(preamble: str) -> str:
+    """Emulations of the ``tvm_builtin_*`` helpers TVM defines around inline PTX."""
+    defs = []
+    for name, params in re.findall(r"__device__ [\w ]+? (tvm_builtin_\w+)\(([^)]*)\)", preamble):
+        if "cp_async" in name and "shared_global" in name:
+            nbytes = int(name.rsplit("_", 1)[1])
+            src_size = "__src_size" if "src_size" in params else str(nbytes)
+            defs.append(f"static inline void {name}({params}) {{ emu_cp_async(__dst_mem, __src_mem, {nbytes}, {src_size}); }}")
+        elif "commit_group" in name or "wait_group" in name:
+            defs.append(f"static inline void {name}() {{}}")
+        elif name == "tvm_builtin_cuda_cvta_generic_to_shared":
+            defs.append(f"static inline unsigned {name}(void* p) {{ return __cvta_generic_to_shared(p); }}")
+        else:
+            raise NotImplementedError(f"no emulation for helper {name}")
+    return "\n".join(defs)
+
+
+def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, list[str]]:
+    """Compile kernel ``name`` of a TVM CUDA module source; return the library and its parameter names."""
+    start = source.index(f'extern "C" __global__')
+    head = re.search(rf'extern "C" __global__ void __launch_bounds__\(\d+\) {name}\(([^)]*)\) \{{', source)
+    params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
+    kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
+    kernel = re.sub(r"extern __shared__ alignas\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_smem;", kernel)
+    call = f"{name}(" + ", ".join(f"({t.replace('__restrict__', '')})args[{j}]" for j, (t, _) in enumerate(params)) + ")"
+    cpp = PRELUDE + _helpers(source[:start]) + "\n" + _rewrite_asm(kernel) + _HARNESS.replace("KERNEL_CALL", call)
+    (workdir / "emu.cc").write_text(cpp)
+    lib = workdir / "emu.so"
+    r = subprocess.run(["g++", "-std=c++20", "-O0", "-fPIC", "-shared", "-pthread", "-o", str(lib), str(workdir / "emu.cc")],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"g++ failed on the emulated kernel:\n{r.stderr[-4000:]}")
+    return ctypes.CDLL(str(lib)), [p.removesuffix("_ptr") for _, p in params]
+
+
+def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, threads, dynamic shared bytes) of ``name`` from the printed lowered host function."""
+    m = re.search(rf'T\.call_ffi_kernel\("{name}", (.*?), launch_params=\[(.*?)\]', host_script)
+    tags = [t.strip().strip('"') for t in m.group(2).split(",")]
+    values = [int(re.sub(r"T\.int\d+\((\d+)\)", r"\1", v)) for v in _split_top(m.group(1), ",")[-len(tags):]]
+    dims = dict(zip(tags, values))
+    grid = tuple(dims.get(f"blockIdx.{a}", 1) for a in "xyz")
+    return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0)
+
+
+def run(func, target, arrays: dict[str, np.ndarray]) -> None:
+    """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place)."""
+    import tvm
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+
+    mod = tvm.IRModule({"emu": func.with_attr("global_symbol", "emu").with_attr("target", target)})
+    with target:
+        lowered = default_s_tir_pipeline()[0](mod)
+    grid, threads, smem = launch_config(lowered["emu"].script(), "emu_kernel")
+    exe = tvm.compile(tvm.IRModule({"emu": func.with_attr("global_symbol", "emu")}), target=target)
+    source = [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib, names = compile_kernel(source, "emu_kernel", Path(tmp))
+        ptrs = (ctypes.c_void_p * len(names))(*[arrays[n].ctypes.data for n in names])
+        lib.emu_launch(ptrs, *grid, threads, smem)

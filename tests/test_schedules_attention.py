@@ -1,0 +1,242 @@
+"""Fused attention (``schedules/attention*.py``) against a float64 reference.
+
+CPU kernels run through the pipeline's own stages (custom legalisation, schedules, build); the CUDA
+kernels (tensor-core and SIMT fallback) are generated for sm_90 and executed on this CPU by
+``cuda_emu`` (one OS thread per CUDA thread, PTX warp collectives emulated), which checks their
+fragment layouts, masks and barriers without a GPU. Shapes are odd on purpose: sequence lengths
+that are not multiples of any tile, grouped-query heads, broadcast biases.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+
+import cuda_emu
+from compiler import passes, schedules, targets
+from compiler.build import build
+from compiler.errors import TvmpipeError
+from helpers import rel_err
+
+NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+TOL = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+def attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape=None, causal=None, scale=None, dv=None) -> tvm.IRModule:
+    """``main(q, k, v[, bias]) = R.nn.attention(...)``, BSNH."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", R.Tensor((b, sq, h, d), dtype))
+    k = relax.Var("k", R.Tensor((b, skv, hkv, d), dtype))
+    v = relax.Var("v", R.Tensor((b, skv, hkv, dv or d), dtype))
+    params = [q, k, v] + ([relax.Var("bias", R.Tensor(bias_shape, dtype))] if bias_shape else [])
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.attention(*params[:3], params[3] if bias_shape else None,
+                                                                scale=scale, causal_mask=causal)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def reference(q, k, v, bias=None, causal=None, scale=None) -> np.ndarray:
+    """float64 attention with TVM's semantics; a row with no finite score is NaN (as the unfused softmax)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    sq, h, d, skv, hkv = q.shape[1], q.shape[2], q.shape[3], k.shape[1], k.shape[2]
+    k, v = np.repeat(k, h // hkv, axis=2), np.repeat(v, h // hkv, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, k) * (scale if scale is not None else 1 / math.sqrt(d))
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
+    if causal:
+        offset = 0 if causal == "TopLeft" else abs(sq - skv)
+        s = np.where(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + offset, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), v)
+
+
+def inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape=None, dv=None) -> dict[str, np.ndarray]:
+    arrays = {"q": rng.standard_normal((b, sq, h, d)), "k": rng.standard_normal((b, skv, hkv, d)),
+              "v": rng.standard_normal((b, skv, hkv, dv or d))}
+    if bias_shape:
+        arrays["bias"] = rng.standard_normal(bias_shape) * 2
+    return {n: a.astype(NP[dtype]) for n, a in arrays.items()}
+
+
+def assert_close(ours: np.ndarray, ref: np.ndarray, dtype: str) -> None:
+    ours = np.asarray(ours, np.float64)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref), "NaN rows differ from the unfused semantics")
+    finite = ~np.isnan(ref)
+    assert rel_err(ours[finite], ref[finite]) < TOL[dtype]
+
+
+def compile_cpu(mod: tvm.IRModule, custom: bool = True, fused: bool = True) -> relax.VirtualMachine:
+    """``custom``: our legalisation; ``fused``: and our kernel (else the canonical definition runs as is)."""
+    info = targets.resolve("cpu")
+    mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations() if custom else {})
+    mod, chosen = schedules.apply(mod, info, enabled=custom and fused)
+    assert ("Attention" in chosen.values()) == (custom and fused)
+    return relax.VirtualMachine(build(mod, info).exe, tvm.cpu())
+
+
+def run_vm(vm, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    names = ["q", "k", "v", "bias"]
+    return vm["main"](*[tvm.runtime.tensor(arrays[n]) for n in names if n in arrays]).numpy()
+
+
+# (batch, seq_q, seq_kv, heads, kv_heads, head_dim, dtype, bias shape, causal)
+CPU_CASES = {
+    "plain-odd": (2, 37, 37, 3, 3, 16, "float32", None, None),
+    "causal-gqa": (1, 70, 70, 4, 2, 32, "float32", None, "TopLeft"),
+    "bottom-right-cross": (2, 19, 83, 2, 1, 24, "float16", None, "BottomRight"),
+    "key-padding": (2, 33, 65, 2, 2, 16, "float32", (2, 1, 1, 65), None),
+    "additive-mask-causal": (1, 45, 45, 2, 2, 8, "float16", (1, 2, 45, 45), "TopLeft"),
+}
+
+
+@pytest.mark.parametrize("case", CPU_CASES.values(), ids=CPU_CASES.keys())
+def test_cpu_kernel_matches_float64(rng, case):
+    b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
+    if bias_shape and bias_shape[2] == 1:  # key padding: the last keys of each sequence masked out
+        arrays["bias"][...] = 0
+        arrays["bias"][0, ..., skv - 9 :] = -np.inf
+        arrays["bias"][1, ..., skv - 30 :] = np.finfo(np.float32).min
+    vm = compile_cpu(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
+    assert_close(run_vm(vm, arrays), reference(**arrays, causal=causal), dtype)
+
+
+def test_canonical_definition_matches_float64(rng):
+    """The unscheduled canonical function (what a target without a fused kernel runs) is the reference too."""
+    b, sq, skv, h, hkv, d = 2, 13, 21, 4, 2, 8
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", (b, 1, sq, skv))
+    vm = compile_cpu(attention_module(b, sq, skv, h, hkv, d, "float32", (b, 1, sq, skv), "BottomRight"), fused=False)
+    assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
+
+
+def test_cpu_scale_and_distinct_value_dim(rng):
+    arrays = inputs(rng, 1, 21, 50, 2, 2, 16, "float32", dv=40)
+    vm = compile_cpu(attention_module(1, 21, 50, 2, 2, 16, "float32", scale=0.3, dv=40))
+    assert_close(run_vm(vm, arrays), reference(**arrays, scale=0.3), "float32")
+
+
+def masked_rows_bias(rng, b, h, sq, skv) -> np.ndarray:
+    """Row 3 fully -inf (NaN out); row 5 -inf over its first 130 keys, whole key tiles (must stay finite)."""
+    bias = rng.standard_normal((b, h, sq, skv)).astype(np.float32)
+    bias[:, :, 3, :] = -np.inf
+    bias[:, :, 5, :130] = -np.inf
+    return bias
+
+
+def test_cpu_fully_masked_rows_as_unfused_graph(rng):
+    b, sq, skv, h, d = 1, 9, 150, 2, 16
+    arrays = inputs(rng, b, sq, skv, h, h, d, "float32")
+    arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv)
+    mod = attention_module(b, sq, skv, h, h, d, "float32", (b, h, sq, skv))
+    ours, unfused = run_vm(compile_cpu(mod), arrays), run_vm(compile_cpu(mod, custom=False), arrays)
+    assert np.isnan(unfused[:, 3]).all() and not np.isnan(unfused[:, 5]).any()
+    assert_close(ours, np.asarray(unfused, np.float64), "float32")
+    assert_close(ours, reference(**arrays), "float32")
+
+
+def test_attention_stays_one_kernel():
+    """Opaque to FuseOps: a following elementwise op is not fused into the attention kernel."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", R.Tensor((1, 8, 2, 16), "float32"))
+    with bb.function("main", [q]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.attention(q, q, q))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(a)))
+        bb.emit_func_output(out)
+    info = targets.resolve("cpu")
+    mod, _ = passes.optimize(bb.get(), info, legalize=schedules.legalizations())
+    kernels = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(kernels) == 2 and sum(f.attrs.get("tvmpipe.kernel") == "attention" for f in kernels) == 1
+
+
+def test_sliding_window_is_refused():
+    q = relax.Var("q", R.Tensor((1, 8, 2, 16), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [q]):
+        bb.emit_func_output(bb.emit(relax.op.nn.attention(q, q, q, window_size=4)))
+    with pytest.raises(TvmpipeError, match="sliding window"):
+        passes.optimize(bb.get(), targets.resolve("cpu"), legalize=schedules.legalizations())
+
+
+def cuda_kernel(mod: tvm.IRModule) -> tuple[tvm.tirx.PrimFunc, tvm.target.Target]:
+    """The scheduled attention kernel of ``mod`` for sm_90."""
+    info = targets.resolve("cuda-sm90")
+    mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations())
+    mod, chosen = schedules.apply(mod, info)
+    (name,) = [n for n, rule in chosen.items() if rule == "Attention"]
+    return mod[name], info.target
+
+
+# tensor cores: fp16 / bf16, head dim 32..128; anything else: the SIMT fallback
+CUDA_CASES = {
+    "tc-fp16-d128-gqa-padding-bottom-right": (2, 37, 150, 2, 1, 128, "float16", (2, 1, 1, 150), "BottomRight"),
+    "tc-bf16-d64-causal": (1, 150, 150, 2, 2, 64, "bfloat16", None, "TopLeft"),
+    "tc-fp16-d96-mask": (1, 70, 33, 2, 1, 96, "float16", (1, 2, 70, 33), None),
+    "simt-fp32-d40-causal-mask": (1, 45, 70, 2, 1, 40, "float32", (1, 1, 45, 70), "BottomRight"),
+}
+
+
+@pytest.mark.parametrize("case", CUDA_CASES.values(), ids=CUDA_CASES.keys())
+def test_cuda_kernel_emulated_matches_float64(rng, case):
+    b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
+
+
+def test_cuda_tensor_core_fully_masked_rows(rng):
+    b, sq, skv, h, d = 1, 9, 150, 2, 64
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv)))
+    arrays = inputs(rng, b, sq, skv, h, h, d, "float16")
+    arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv).astype(np.float16)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    assert_close(arrays["out"], reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"]), "float16")
+
+
+def test_cuda_source_uses_tensor_cores():
+    func, target = cuda_kernel(attention_module(1, 300, 300, 2, 2, 128, "float16", causal="TopLeft"))
+    exe = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}), target=target)
+    (cuda,) = exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")
+    source = cuda.inspect_source("cuda")
+    for insn in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                 "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "cp.async.wait_group"):
+        assert insn in source, insn
+
+
+def test_cpu_symbolic_batch_and_sequence(rng):
+    """One compiled kernel for any batch / sequence length."""
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    vm = compile_cpu(attention_module(b, s, s, 4, 2, 16, "float32", causal="BottomRight"))
+    for batch, seq in ((2, 37), (1, 130)):
+        arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32")
+        assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
+
+
+def test_cuda_package_holds_compiled_kernel(tmp_path):
+    """NVRTC accepts the generated CUDA (inline PTX included): the package carries sm_90 cubin + PTX."""
+    from compiler import cuda_binary, package, tuning
+
+    try:
+        cuda_binary.cuda_toolkit_root()
+        from cuda.bindings import nvrtc  # noqa: F401
+    except (TvmpipeError, ImportError) as err:
+        pytest.skip(f"no CUDA headers / NVRTC here: {err}")
+    info = targets.resolve("cuda-sm90")
+    mod, _ = passes.optimize(attention_module(1, 100, 100, 2, 2, 64, "bfloat16", causal="TopLeft"), info,
+                             legalize=schedules.legalizations())
+    mod, _ = schedules.apply(mod, info)
+    mod, _ = tuning.apply(mod, info)
+    manifest = package.save(tmp_path / "attention.tvmpkg", build(mod, info), {})
+    assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
