@@ -34,7 +34,10 @@ def _internal_bytes(call: relax.Call) -> int:
     """Intermediate traffic a composite op does away with (see the module docstring)."""
     if call.op.name not in _ATTENTION:
         return 0
-    (b, sq, h, _), (_, sk, _, _) = static_shape(call.args[0]), static_shape(call.args[1])
+    q, k = static_shape(call.args[0]), static_shape(call.args[1])
+    if q is None or k is None:  # symbolic shapes: nothing to count
+        return 0
+    (b, sq, h, _), (_, sk, _, _) = q, k
     return 2 * 2 * b * h * sq * sk * np.dtype(dtype(call.args[0])).itemsize
 
 
