@@ -119,6 +119,9 @@ def run(out: Path) -> None:
     import tvm
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from compiler.runtime import load_cuda_runtime
+
+    load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
     lib = tvm.runtime.load_module(str(LIB))
     kernels = json.loads((BUILD / "kernels.json").read_text())["kernels"]
     dev = tvm.cuda(0)
