@@ -55,15 +55,25 @@ class Case:
         full = 4 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
         return full / 2 if self.causal else full
 
-    def variants(self) -> list:
-        """Tile configurations to time besides the rule's choice (benchmark shapes only)."""
-        from schedules.attention_cuda import TileConfig
+    def variants(self, spec) -> list:
+        """Tile configurations to time besides the rule's choice (benchmark shapes only): 64/128-key tiles,
+        8 warps x 32 rows sharing each K/V tile (``w8m2``) with and without ping-pong (``p``), 8 warps x 16 rows
+        with registers capped for 2 CTAs per SM (``m1...b2``); for causal masks also the rule's choice without
+        heaviest-first launch order (``x``)."""
+        from dataclasses import replace
+
+        from schedules.attention_cuda import TileConfig, choose
 
         if not self.bench:
             return []
-        other = [TileConfig(bn=32 if self.head_dim > 64 else 64), TileConfig(bn=64, stages=3),
-                 TileConfig(warps=8, m_tiles=1, q_in_regs=True), TileConfig(warps=8, m_tiles=2)]
-        return [c for c in other if c != TileConfig()]
+        chosen = choose(spec)
+        other = [TileConfig(warps=8, m_tiles=2), TileConfig(warps=8, m_tiles=2, pingpong=True),
+                 TileConfig(warps=8, m_tiles=1, min_blocks=2)]
+        if self.head_dim <= 64:
+            other += [TileConfig(bn=64), TileConfig(bn=128)]
+        if self.causal:
+            other.append(replace(chosen, lpt=False))
+        return [c for c in other if c != chosen]
 
 
 CASES = [
@@ -104,9 +114,10 @@ def build() -> None:
         with info.target:
             sch = Attention().apply(canonical, info.target, False)
         funcs[case.name] = sch.mod["main"].with_attr("global_symbol", case.name)
-        for cfg in case.variants():
+        spec = AttentionSpec.of(canonical)
+        for cfg in case.variants(spec):
             name = f"{case.name}__{cfg.name}"
-            funcs[name] = flash_mma(AttentionSpec.of(canonical), cfg).with_attr("global_symbol", name)
+            funcs[name] = flash_mma(spec, cfg).with_attr("global_symbol", name)
     BUILD.mkdir(parents=True, exist_ok=True)
     gpu = Built(tvm.compile(tvm.IRModule(funcs), target=info.target), info).export(LIB)
     (BUILD / "kernels.json").write_text(json.dumps({"tvm": tvm.__version__, "kernels": sorted(funcs)}, indent=1))

@@ -19,10 +19,16 @@ Tensor-core kernel (fp16 / bf16, head_dim == head_dim_v in {32, 64, 96, 128}):
   bytes in shared memory so ``ldmatrix`` and the copies are free of bank conflicts;
 * online softmax in registers with ``exp2`` and the scale folded into one FMA, row max/sum reduced
   across the 4 lanes of a quad with shuffles; O is rescaled only when the running max moves;
-* causal: key tiles beyond the diagonal are never loaded, only the tiles crossing it (and the ragged
-  tail) are masked, and query tiles run heaviest-first; bias / key padding masks are added per score;
-  grouped-query heads read their shared K/V head; rows or keys past the sequence end are zero-filled
-  by ``cp.async`` (src-size 0) and masked, so any length works;
+* causal: key tiles beyond the diagonal are never loaded; the tiles every row sees whole run in a loop
+  without mask code, those crossing the diagonal (and the ragged tail) in a second, masked loop, where
+  a warp whose rows all end before the tile's first key skips it; the query tiles of all heads are
+  launched heaviest first (largest-processing-time order: no long tile starts in the last wave);
+  bias / key padding masks are added per score; grouped-query heads read their shared K/V head; rows
+  or keys past the sequence end are zero-filled by ``cp.async`` (src-size 0) and masked, so any
+  length works;
+* optional ping-pong (``pingpong``, FA3's schedule on mma.sync): two warp groups hand the tensor cores
+  to each other with named barriers, so one group's softmax runs under the other's GEMM instead of
+  all warps reaching their softmax together (they are kept in step by the per-tile CTA barriers);
 * the epilogue stages O through shared memory for 16-byte coalesced stores.
 
 Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4): A regs a0..a3 hold rows
@@ -55,7 +61,7 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
         and spec.head_dim in TC_HEAD_DIMS
         and int(arch.removeprefix("sm_")) >= 80
     ):
-        return flash_mma(spec)
+        return flash_mma(spec, choose(spec))
     return flash_simt(spec)
 
 
@@ -65,13 +71,27 @@ class TileConfig:
 
     warps: int = 4
     m_tiles: int = 2  # 16-row MMA tiles per warp: 2 halves the shared-memory reads per MMA
-    bn: int = 0  # keys per K/V tile (0: 128 for head_dim <= 64, else 64)
+    bn: int = 64  # keys per K/V tile
     stages: int = 2  # K/V tiles in flight (cp.async ring)
     q_in_regs: bool = False  # Q fragments in registers for the whole kernel (one ldmatrix per use otherwise)
+    min_blocks: int = 0  # CTAs that must fit on one SM (caps registers per thread; 0: no cap)
+    lpt: bool = True  # causal: launch the longest query tiles of all heads first (largest-processing-time order)
+    pingpong: bool = False  # two warp groups take turns on the tensor cores: one's GEMM overlaps the other's softmax
 
     @property
     def name(self) -> str:
-        return f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
+        return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
+                f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}")
+
+
+def choose(spec) -> TileConfig:
+    """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
+
+    head_dim <= 64 with a causal mask: 128-key tiles (one tile holds a 128-row query tile's diagonal; the
+    64-key tiles lost 6-14 % there). Otherwise 64-key tiles: for d64 without mask they need 168 registers, so
+    3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the registers.
+    """
+    return TileConfig(bn=128 if spec.head_dim <= 64 and spec.causal != "none" else 64)
 
 
 def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
@@ -81,9 +101,10 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     offset = causal_offset(sq, skv, spec.causal)
+    lpt = causal and cfg.lpt
     MT, stages = cfg.m_tiles, cfg.stages
     WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
-    BM, BN = WM * cfg.warps, cfg.bn or (128 if D <= 64 else 64)
+    BM, BN = WM * cfg.warps, cfg.bn
     DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
     CPR = D // 8  # 16-byte chunks per row
     Q_OFF, K_OFF, V_OFF = 0, BM * DP, BM * DP + stages * BN * DP  # in one shared buffer (elements)
@@ -98,6 +119,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     f32, neg_inf, full = "float32", T.float32("-inf"), T.uint32(0xFFFFFFFF)
 
     assert (BM * CPR) % NT == 0 and (BN * CPR) % NT == 0, "tile copies must split evenly over the threads"
+    assert not cfg.pingpong or cfg.warps % 2 == 0, "ping-pong needs two equal warp groups"
 
     def shfl(x, m):
         return T.tvm_warp_shuffle_xor(full, x, m, 32, 32)
@@ -108,8 +130,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     def kv_limit(q0):  # keys past this are masked for every row of the tile
         return T.min(skv, T.min(q0 + BM, sq) + offset) if causal else skv
 
-    def needs_mask(q0, k0):  # the tile holds the ragged tail or crosses the causal diagonal
-        return tvm.tirx.any(k0 + BN > skv, k0 + BN - 1 > q0 + offset) if causal else k0 + BN > skv
+    def plain_tiles(q0):  # leading key tiles inside the sequence that every row of the query tile sees whole
+        return T.min(skv // BN, (q0 + offset + 1) // BN) if causal else skv // BN
 
     def exp_units(x, base):  # exp(logit - max) for a logit and max in the units the running max is kept in
         return T.exp2((x - base) * T.float32(LOG2E)) if has_bias else T.exp2(x - base)
@@ -181,22 +203,20 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         for i in T.unroll(MT * 2):
             m[i] = neg_inf
             lsum[i] = T.float32(0)
-        for j in T.serial(n_kv):
-            k0 = T.meta_var(j * BN)
-            stage = T.meta_var(j % stages * (BN * DP))
-            if j + stages - 1 < n_kv:  # into the stage read in iteration j-1 (all warps past its end barrier)
-                nxt = T.meta_var((j + stages - 1) % stages * (BN * DP))
-                load_rows(smem, K_OFF + nxt, k, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
-            T.ptx.cp.async_.commit_group()
-            T.ptx.cp.async_.wait_group(stages - 1)  # all but the newest stages-1 groups done: tile j is in
-            T.tvm_storage_sync("shared")
-            if cfg.q_in_regs:
-                if j == 0:
-                    for mt in T.unroll(MT):
-                        for kk in T.unroll(KS):
-                            load_q(qf, smem, warp, lane, mt, kk)
-            # S = Q Kᵀ; K's B fragments: rows (keys) n2*16 + (lane / 16) * 8 + lane % 8, cols kk*16 + (lane / 8 % 2) * 8
+        @T.inline
+        def my_turn():  # ping-pong: wait until the other warp group has issued its GEMM (named barrier 1 + group)
+            if cfg.pingpong:
+                T.ptx["bar.sync"](T.Cast("uint32", 1 + warp // (cfg.warps // 2)), T.uint32(NT))
+
+        @T.inline
+        def your_turn():  # ping-pong: this group's GEMM is issued, the other group's may start
+            if cfg.pingpong:
+                T.ptx["bar.arrive"](T.Cast("uint32", 2 - warp // (cfg.warps // 2)), T.uint32(NT))
+
+        @T.inline
+        def qk(stage):
+            """S = Q Kᵀ for the key tile in smem stage ``stage``."""
+            # K's B fragments: rows (keys) n2*16 + (lane / 16) * 8 + lane % 8, cols kk*16 + (lane / 8 % 2) * 8
             for i in T.unroll(MT * NS * 4):
                 sacc[i] = T.float32(0)
             for kk in T.unroll(KS):
@@ -209,29 +229,26 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     for mt in T.unroll(MT):
                         mma(qf, q_frag(mt, kk), kf, 0, sacc, (mt * NS + n2 * 2) * 4)
                         mma(qf, q_frag(mt, kk), kf, 4, sacc, (mt * NS + n2 * 2 + 1) * 4)
+
+        @T.inline
+        def softmax(k0, masked):
+            """S -> P (in registers, as the A fragments of P V); running max / sum and O rescaled."""
             # logits: scale, bias, masks (sacc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
-            if has_bias:
+            if masked:
                 for mt in T.unroll(MT):
                     for n in T.unroll(NS):
                         for c in T.unroll(4):
                             row = T.meta_var(q0 + warp * WM + mt * 16 + g + c // 2 * 8)
                             key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
                             i = T.meta_var((mt * NS + n) * 4 + c)
-                            sacc[i] = T.if_then_else(
-                                spec.visible(row, key), sacc[i] * T.float32(spec.scale) + spec.bias_at(bias, b, h, row, key), neg_inf
-                            )
-            else:
-                if needs_mask(q0, k0):
-                    for mt in T.unroll(MT):
-                        for n in T.unroll(NS):
-                            for c in T.unroll(4):
-                                row = T.meta_var(q0 + warp * WM + mt * 16 + g + c // 2 * 8)
-                                key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
-                                i = T.meta_var((mt * NS + n) * 4 + c)
+                            if has_bias:
+                                sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i] * T.float32(spec.scale)
+                                                         + spec.bias_at(bias, b, h, row, key), neg_inf)
+                            else:
                                 sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i], neg_inf)
-                if not fold:
-                    for i in T.unroll(MT * NS * 4):
-                        sacc[i] = sacc[i] * T.float32(c2)
+            if not (fold or has_bias):
+                for i in T.unroll(MT * NS * 4):
+                    sacc[i] = sacc[i] * T.float32(c2)
             # online softmax per row: max over the tile (4 lanes of a quad share a row), rescale, exponentiate
             for mt in T.unroll(MT):
                 for r in T.unroll(2):
@@ -264,6 +281,10 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     lsum[i] = lsum[i] + rs[i]
             for i in T.unroll(MT * NS * 4):
                 pf[i] = T.Cast(dtype, sacc[i])
+
+        @T.inline
+        def pv(stage):
+            """O += P V for the value tile in smem stage ``stage``."""
             # O += P V; P's A fragment for k-step kk is S n-tiles 2kk, 2kk+1 as they lie in registers;
             # V's B fragments (ldmatrix.trans): rows (keys) kk*16 + (lane / 8 % 2) * 8 + lane % 8, cols d2*16 + (lane / 16) * 8
             for kk in T.unroll(BN // 16):
@@ -273,7 +294,53 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     for mt in T.unroll(MT):
                         mma(pf, (mt * NS + kk * 2) * 4, vf, 0, oacc, (mt * ND + d2 * 2) * 4)
                         mma(pf, (mt * NS + kk * 2) * 4, vf, 4, oacc, (mt * ND + d2 * 2 + 1) * 4)
+
+        @T.inline
+        def tile(j, masked):
+            """Key tile j: prefetch tile j + stages - 1, wait for tile j, compute (``masked``: scores masked)."""
+            k0 = T.meta_var(j * BN)
+            stage = T.meta_var(j % stages * (BN * DP))
+            if j + stages - 1 < n_kv:  # into the stage read in iteration j-1 (all warps past its end barrier)
+                nxt = T.meta_var((j + stages - 1) % stages * (BN * DP))
+                load_rows(smem, K_OFF + nxt, k, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
+            T.ptx.cp.async_.commit_group()
+            T.ptx.cp.async_.wait_group(stages - 1)  # all but the newest stages-1 groups done: tile j is in
             T.tvm_storage_sync("shared")
+            if cfg.q_in_regs:
+                if j == 0:
+                    for mt in T.unroll(MT):
+                        for kk in T.unroll(KS):
+                            load_q(qf, smem, warp, lane, mt, kk)
+            # a warp whose rows all end before the tile's first key skips it (its scores would all be -inf)
+            live = T.meta_var(k0 <= q0 + warp * WM + WM - 1 + offset if masked and causal else True)
+            my_turn()
+            if live:
+                qk(stage)
+            your_turn()
+            if live:
+                softmax(k0, masked)
+            my_turn()
+            if live:
+                pv(stage)
+            your_turn()
+            T.tvm_storage_sync("shared")
+
+        if cfg.pingpong:  # group 0 has the first turn
+            if warp >= cfg.warps // 2:
+                T.ptx["bar.arrive"](T.uint32(1), T.uint32(NT))
+        if has_bias:  # every score takes its bias: one loop
+            for j in T.serial(n_kv):
+                tile(j, True)
+        else:  # first the tiles inside the sequence and wholly below the causal diagonal, unmasked; then the rest
+            n_plain = T.meta_var(T.min(n_kv, plain_tiles(q0)))
+            for j in T.serial(n_plain):
+                tile(j, False)
+            for j in T.serial(n_plain, n_kv):
+                tile(j, True)
+        if cfg.pingpong:  # group 0 takes group 1's last hand-over: every arrival is matched
+            if warp < cfg.warps // 2:
+                T.ptx["bar.sync"](T.uint32(1), T.uint32(NT))
         T.ptx.cp.async_.wait_group(0)
         # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
         # this warp's own Q rows in shared memory, then 16-byte coalesced stores
@@ -297,22 +364,40 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
 
     @T.macro
+    def block(q, k, v, bias, out, bx, h, b, tx):
+        with T.sblock("flash_attention"):
+            T.reads()
+            T.writes()
+            # Q | K stages | V stages; > 48 KB is opted in at launch. Named per dtype: kernels
+            # of both types can share one CUDA module (same-named extern __shared__ arrays must agree)
+            if dtype == "float16":
+                smem_f16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                attend(smem_f16, q, k, v, bias, out, bx, h, b, tx)
+            else:
+                smem_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                attend(smem_bf16, q, k, v, bias, out, bx, h, b, tx)
+
+    @T.macro
+    def cta(q, k, v, bias, out, bx, h, b):
+        for tx in T.thread_binding(NT, thread="threadIdx.x"):
+            if cfg.min_blocks > 0:  # __launch_bounds__(NT, min_blocks): ptxas caps the registers so that many CTAs fit an SM
+                with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", cfg.min_blocks):
+                    block(q, k, v, bias, out, bx, h, b, tx)
+            else:
+                block(q, k, v, bias, out, bx, h, b, tx)
+
+    @T.macro
     def body(q, k, v, bias, out):
-        for bx in T.thread_binding(nq, thread="blockIdx.x"):
-            for h in T.thread_binding(H, thread="blockIdx.y"):
-                for b in T.thread_binding(batch, thread="blockIdx.z"):
-                    for tx in T.thread_binding(NT, thread="threadIdx.x"):
-                        with T.sblock("flash_attention"):
-                            T.reads()
-                            T.writes()
-                            # Q | K stages | V stages; > 48 KB is opted in at launch. Named per dtype: kernels
-                            # of both types can share one CUDA module (same-named extern __shared__ arrays must agree)
-                            if dtype == "float16":
-                                smem_f16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                                attend(smem_f16, q, k, v, bias, out, bx, h, b, tx)
-                            else:
-                                smem_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                                attend(smem_bf16, q, k, v, bias, out, bx, h, b, tx)
+        if lpt:  # query tiles slowest: the whole grid runs heaviest tiles first (blocks start in index order)
+            for h in T.thread_binding(H, thread="blockIdx.x"):
+                for b in T.thread_binding(batch, thread="blockIdx.y"):
+                    for bx in T.thread_binding(nq, thread="blockIdx.z"):
+                        cta(q, k, v, bias, out, bx, h, b)
+        else:  # query tiles fastest: CTAs running together share their K/V in L2
+            for bx in T.thread_binding(nq, thread="blockIdx.x"):
+                for h in T.thread_binding(H, thread="blockIdx.y"):
+                    for b in T.thread_binding(batch, thread="blockIdx.z"):
+                        cta(q, k, v, bias, out, bx, h, b)
 
     return kernel_signature(spec, body)
 

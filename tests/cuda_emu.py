@@ -14,6 +14,7 @@ import ctypes
 import re
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,8 @@ struct Dim3 { int x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static char* emu_smem;
 static std::barrier<>* emu_block_barrier;
+static std::vector<std::barrier<>*> emu_named_barriers;  // bar.sync / bar.arrive ids 1..15 (0 is __syncthreads)
+static int emu_block_threads;
 static std::vector<std::barrier<>*> emu_warp_barriers;
 static uint32_t emu_slots[1024][16];  // per-thread operand exchange for warp collectives
 static inline float max(float a, float b) { return std::fmax(a, b); }
@@ -121,17 +124,22 @@ _HARNESS = r"""
 extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, long smem) {
   std::vector<char> shared(smem + 64);
   emu_smem = shared.data();
+  emu_block_threads = threads;
   for (int bz = 0; bz < gz; ++bz) for (int by = 0; by < gy; ++by) for (int bx = 0; bx < gx; ++bx) {
     std::barrier<> block(threads);
     emu_block_barrier = &block;
     std::vector<std::barrier<>*> warps;
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, threads - 32 * w)));
     emu_warp_barriers = warps;
+    std::vector<std::barrier<>*> named;
+    for (int i = 0; i < 16; ++i) named.push_back(new std::barrier<>(threads));
+    emu_named_barriers = named;
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([=] { threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz; KERNEL_CALL; });
     for (auto& th : pool) th.join();
     for (auto* w : warps) delete w;
+    for (auto* n : named) delete n;
   }
 }
 """
@@ -207,6 +215,11 @@ def _helpers(preamble: str) -> str:
             defs.append(f"static inline void {name}({params}) {{ emu_cp_async(__dst_mem, __src_mem, {nbytes}, {src_size}); }}")
         elif "commit_group" in name or "wait_group" in name:
             defs.append(f"static inline void {name}() {{}}")
+        elif name.startswith(("tvm_builtin_ptx_bar_sync_count", "tvm_builtin_ptx_bar_arrive")):
+            # named barrier a over b threads; only whole-block counts are emulated (a std::barrier per id)
+            wait = "arrive_and_wait()" if "sync" in name else "arrive()"
+            defs.append(f"static inline void {name}(uint32_t a, uint32_t b) {{ if (b != (uint32_t)emu_block_threads) "
+                        f"std::abort(); (void)emu_named_barriers[a]->{wait}; }}")
         elif name == "tvm_builtin_cuda_cvta_generic_to_shared":
             defs.append(f"static inline unsigned {name}(void* p) {{ return __cvta_generic_to_shared(p); }}")
         else:
@@ -217,7 +230,7 @@ def _helpers(preamble: str) -> str:
 def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, list[str]]:
     """Compile kernel ``name`` of a TVM CUDA module source; return the library and its parameter names."""
     start = source.index(f'extern "C" __global__')
-    head = re.search(rf'extern "C" __global__ void __launch_bounds__\(\d+\) {name}\(([^)]*)\) \{{', source)
+    head = re.search(rf'extern "C" __global__ void __launch_bounds__\([\d, ]+\) {name}\(([^)]*)\) \{{', source)
     params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
     kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
     kernel = re.sub(r"extern __shared__ alignas\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_smem;", kernel)
@@ -242,7 +255,7 @@ def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], in
     return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0)
 
 
-def run(func, target, arrays: dict[str, np.ndarray]) -> None:
+def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> None:
     """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place)."""
     import tvm
     from tvm.s_tir.pipeline import default_s_tir_pipeline
@@ -256,4 +269,9 @@ def run(func, target, arrays: dict[str, np.ndarray]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lib, names = compile_kernel(source, "emu_kernel", Path(tmp))
         ptrs = (ctypes.c_void_p * len(names))(*[arrays[n].ctypes.data for n in names])
-        lib.emu_launch(ptrs, *grid, threads, smem)
+        # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
+        launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)
+        launch.start()
+        launch.join(timeout)
+        if launch.is_alive():
+            raise TimeoutError(f"emulated kernel still running after {timeout} s: deadlocked barriers?")

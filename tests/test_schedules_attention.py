@@ -167,11 +167,14 @@ def test_sliding_window_is_refused():
         passes.optimize(bb.get(), targets.resolve("cpu"), legalize=schedules.legalizations())
 
 
-def cuda_kernel(mod: tvm.IRModule) -> tuple[tvm.tirx.PrimFunc, tvm.target.Target]:
-    """The scheduled attention kernel of ``mod`` for sm_90."""
+def cuda_kernel(mod: tvm.IRModule, scheduled: bool = True) -> tuple[tvm.tirx.PrimFunc, tvm.target.Target]:
+    """The scheduled attention kernel of ``mod`` for sm_90 (the canonical function if not ``scheduled``)."""
     info = targets.resolve("cuda-sm90")
     mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations())
-    mod, chosen = schedules.apply(mod, info)
+    mod, chosen = schedules.apply(mod, info, enabled=scheduled)
+    if not scheduled:
+        (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tvmpipe.kernel")]
+        return func, info.target
     (name,) = [n for n, rule in chosen.items() if rule == "Attention"]
     return mod[name], info.target
 
@@ -181,6 +184,9 @@ CUDA_CASES = {
     "tc-fp16-d128-gqa-padding-bottom-right": (2, 37, 150, 2, 1, 128, "float16", (2, 1, 1, 150), "BottomRight"),
     "tc-bf16-d64-causal": (1, 150, 150, 2, 2, 64, "bfloat16", None, "TopLeft"),
     "tc-fp16-d96-mask": (1, 70, 33, 2, 1, 96, "float16", (1, 2, 70, 33), None),
+    # 64-key tiles: unmasked tiles, then diagonal tiles some warps skip (their rows end before the tile)
+    "tc-fp16-d128-causal-gqa": (1, 150, 150, 2, 1, 128, "float16", None, "TopLeft"),
+    "tc-fp16-d128-mask-causal": (1, 150, 150, 2, 2, 128, "float16", (1, 2, 150, 150), "TopLeft"),
     "simt-fp32-d40-causal-mask": (1, 45, 70, 2, 1, 40, "float32", (1, 1, 45, 70), "BottomRight"),
 }
 
@@ -192,6 +198,27 @@ def test_cuda_kernel_emulated_matches_float64(rng, case):
     arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
     arrays["out"] = np.zeros_like(arrays["q"])
     cuda_emu.run(func, target, arrays)
+    assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
+
+
+# the kernel's other tile configurations (benchmarks/attention.py times them on the GPU), each on a shape that exercises it
+TILE_CONFIGS = {
+    "8-warps-pingpong-lpt-off": (dict(warps=8, pingpong=True, lpt=False), (1, 200, 200, 2, 1, 128, "float16", (1, 1, 200, 200), "TopLeft")),
+    "16-row-warps-2-ctas-q-regs": (dict(warps=8, m_tiles=1, min_blocks=2, q_in_regs=True, bn=128, stages=3),
+                                   (2, 77, 150, 2, 2, 64, "bfloat16", None, "BottomRight")),
+}
+
+
+@pytest.mark.parametrize("cfg, case", TILE_CONFIGS.values(), ids=TILE_CONFIGS.keys())
+def test_cuda_tile_configs_emulated(rng, cfg, case):
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import TileConfig, flash_mma
+
+    b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
+    canonical, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal), scheduled=False)
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(flash_mma(AttentionSpec.of(canonical), TileConfig(**cfg)), target, arrays)
     assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
 
 
