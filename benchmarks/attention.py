@@ -4,6 +4,7 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
     python3 benchmarks/attention.py --build            # here (TVM compiler): build/gpu/attention/attention.so
     python3 benchmarks/attention.py --run --out DIR    # GPU machine (TVM runtime + torch): DIR/attention-<gpu>.json + .png
     python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering
+    python3 benchmarks/attention.py --summary FILE     # per shape: rule's choice, best tile config, torch (from --run's JSON)
 
 ``--build`` compiles every kernel below (static shapes, sm_90, cubin + PTX via NVRTC) into ONE library:
 the kernel our schedule rule picks (impl "tvmpipe"), plus, for the benchmark shapes, the other tile
@@ -248,6 +249,20 @@ def run(out: Path) -> None:
     for r in records:  # one line per measurement, for reading the log
         print(f"{r['case']:34} {r['impl']:12} {r.get('variant', ''):12} {r.get('tflops', 0):7.1f} TFLOP/s  "
               f"err {r.get('max_rel_err', math.nan):.1e}  {r.get('error', '')[:80]}")
+    summary(records)
+
+
+def summary(records: list[dict]) -> None:
+    """Per benchmark shape: the rule's kernel, the best tile configuration and torch's backends (TFLOP/s)."""
+    print(f"{'case':26} {'tvmpipe':>8} {'best':>8} {'variant':16} {'flash':>7} {'cudnn':>7} {'rule/flash':>10} {'best/flash':>10}")
+    for case in dict.fromkeys(r["case"] for r in records if r.get("tflops")):
+        rows = [r for r in records if r["case"] == case and r.get("tflops") and r.get("correct", True)]
+        ours = {r.get("variant", "rule"): r["tflops"] for r in rows if r["impl"] == "tvmpipe"}
+        torch = {r["impl"]: r["tflops"] for r in rows if r["impl"] != "tvmpipe"}
+        best = max(ours, key=ours.get)
+        flash = torch.get("torch-flash", math.nan)
+        print(f"{case.removeprefix('bench_'):26} {ours.get('rule', math.nan):8.1f} {ours[best]:8.1f} {best:16} {flash:7.1f} "
+              f"{torch.get('torch-cudnn', math.nan):7.1f} {ours.get('rule', math.nan) / flash:10.2f} {ours[best] / flash:10.2f}")
 
 
 def cpu(out: Path) -> None:
@@ -325,8 +340,11 @@ if __name__ == "__main__":
     ap.add_argument("--build", action="store_true", help="compile the kernels (here, with the TVM compiler)")
     ap.add_argument("--run", action="store_true", help="check and time them (GPU machine, TVM runtime + torch)")
     ap.add_argument("--cpu", action="store_true", help="time the CPU kernel against TVM's unfused lowering, here")
+    ap.add_argument("--summary", type=Path, help="print the per-shape summary of a --run result file")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     a = ap.parse_args()
+    if a.summary:
+        summary(json.loads(a.summary.read_text()))
     if a.build:
         build()
     if a.run:
