@@ -26,7 +26,8 @@ class Graph:
         self.inputs: list[onnx.ValueInfoProto] = []
 
     def input(self, name: str, shape: list, elem: int = F) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        if all(i.name != name for i in self.inputs):  # asked again (a mask, by every layer): one input
+            self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
         return name
 
     def c(self, value) -> str:
@@ -189,16 +190,20 @@ def attention(layout: str, b: int = 2, sq: int = 5, sk: int | None = None, h: in
     return g.model([g.linear(out, e, e)])
 
 
-def encoder_block(b: int = 1, seq: int = 64, h: int = 4, d: int = 16, layout: str = "bert") -> onnx.ModelProto:
-    """Pre-norm transformer encoder block: x + Attn(LN(x)); x + MLP(LN(x)) with an erf GELU (exported form)."""
+def encoder_block(b: int = 1, seq: int = 64, h: int = 4, d: int = 16, layout: str = "bert", layers: int = 1,
+                  mlp: int = 4) -> onnx.ModelProto:
+    """``layers`` pre-norm transformer encoder blocks: x + Attn(LN(x)); x + MLP(LN(x)) with an erf GELU (exported
+    form) and ``mlp`` x the width inside the MLP. The attention mask input (if the layout has one) is shared."""
     g = Graph()
     e = h * d
     x = g.input("x", [b, seq, e])
-    y = g.layernorm(x, e)
-    o = ATTENTION_LAYOUTS[layout](g, g.linear(y, e, e), g.linear(y, e, e), g.linear(y, e, e), b, seq, seq, h, d)
-    merged = g.n("Reshape", [g.n("Transpose", [o], perm=[0, 2, 1, 3]), g.c(np.array([b, seq, e]))])
-    x = g.n("Add", [x, g.linear(merged, e, e)])
-    hid = g.linear(g.layernorm(x, e), e, 4 * e)
-    erf = g.n("Erf", [g.n("Div", [hid, g.c(np.float32(np.sqrt(2)))])])
-    gelu = g.n("Mul", [g.n("Mul", [hid, g.n("Add", [erf, g.c(np.float32(1))])]), g.c(np.float32(0.5))])
-    return g.model([g.n("Add", [x, g.linear(gelu, 4 * e, e)])])
+    for _ in range(layers):
+        y = g.layernorm(x, e)
+        o = ATTENTION_LAYOUTS[layout](g, g.linear(y, e, e), g.linear(y, e, e), g.linear(y, e, e), b, seq, seq, h, d)
+        merged = g.n("Reshape", [g.n("Transpose", [o], perm=[0, 2, 1, 3]), g.c(np.array([b, seq, e]))])
+        x = g.n("Add", [x, g.linear(merged, e, e)])
+        hid = g.linear(g.layernorm(x, e), e, mlp * e)
+        erf = g.n("Erf", [g.n("Div", [hid, g.c(np.float32(np.sqrt(2)))])])
+        gelu = g.n("Mul", [g.n("Mul", [hid, g.n("Add", [erf, g.c(np.float32(1))])]), g.c(np.float32(0.5))])
+        x = g.n("Add", [x, g.linear(gelu, mlp * e, e)])
+    return g.model([x])

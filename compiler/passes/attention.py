@@ -28,7 +28,10 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from .util import const_array, dtype, private, scalar, sole_producer, static_shape, users
 
 _SOFTMAX = is_op("relax.nn.softmax")(wildcard())
-_PATTERN = is_op("relax.matmul")(_SOFTMAX, wildcard())
+# 16-bit graphs (the frontend sums them in float32): softmax in float32 with its probabilities cast back,
+# P·V with a float32 output cast back; the Q·Kᵀ side has the same casts, which ``_scores`` looks through
+_PV = is_op("relax.matmul")(_SOFTMAX | is_op("relax.astype")(_SOFTMAX), wildcard())
+_PATTERN = _PV | is_op("relax.astype")(_PV)
 _MASKED = -1e4  # additive values at or below this give exp(.) == 0 in float32: a masked position
 
 
@@ -59,6 +62,8 @@ def _scores(x: relax.Expr, mult: float, var2val: dict, uses) -> _Scores | None:
     name = call.op.name if call is not None else ""
     if name == "relax.matmul":
         return _Scores(*call.args, scale=mult)
+    if name == "relax.astype":  # the 16-bit round trip of the scores: the fused kernel keeps them in float32
+        return _scores(call.args[0], mult, var2val, uses)
     if scaled := call is not None and _scaled(call):
         return _scores(scaled[0], mult * scaled[1], var2val, uses)
     if name == "relax.add":
@@ -168,9 +173,14 @@ def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr],
 
 
 def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
-    softmax, v = matches[_SOFTMAX], out.args[1]
+    softmax, pv = matches[_SOFTMAX], matches[_PV]
+    probs, v = pv.args
     rank = out.ty.ndim
-    if rank not in (3, 4) or int(softmax.attrs.axis) % rank != rank - 1 or not private(out.args[0], uses):
+    if rank not in (3, 4) or int(softmax.attrs.axis) % rank != rank - 1 or dtype(out) != dtype(v):
+        return out  # (a P·V summed in float32 is taken at its cast back to V's type)
+    cast = var2val.get(probs)
+    inner = [cast.args[0]] if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else []
+    if not all(private(x, uses) for x in [probs, *inner, *([out.args[0]] if out.op.name == "relax.astype" else [])]):
         return out
     found = _scores(softmax.args[0], 1.0, var2val, uses)
     if found is None:
