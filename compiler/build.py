@@ -6,6 +6,7 @@ The passes before this one already lowered and fused (``passes``) and scheduled 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +43,12 @@ class Built:
         return gpu[0] if gpu else None
 
 
-def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
-    """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
+def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) -> Built:
+    """Lower the Relax dataflow to VM code and compile all kernels for ``target``.
+
+    ``cuda_graph``: the CUDA finalisation (RewriteCUDAGraph) captures the statically planned part of
+    ``main`` into a CUDA graph on the first call and replays it afterwards: one launch per call.
+    """
     t = target.target
     # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
     lower = [
@@ -53,4 +58,6 @@ def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
         relax.transform.CallTIRRewrite(),
     ]
     pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
-    return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
+    graphs = {"relax.backend.use_cuda_graph": True}
+    with tvm.transform.PassContext(config=graphs) if cuda_graph else contextlib.nullcontext():
+        return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)

@@ -81,6 +81,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     manifest, out, secs = _compile(
         args.model, args.target, args.output, _shapes(args.input_shape),
         fusion=not args.no_fusion, custom_schedules=not args.no_custom_schedules,
+        precision=args.precision, cuda_graph=args.cuda_graph,
     )
     gpu = manifest.get("gpu_code")
     extra = f", GPU code: {gpu['format']} ({' + '.join(gpu['images'])})" if gpu else ""
@@ -186,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="package path (default: MODEL-TARGET.tvmpkg)")
     s.add_argument("--no-fusion", action="store_true", help="skip tvmpipe's graph passes (TVM defaults only)")
     s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
+    s.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16 (GPU targets): fp16 conv/matmul with fp32 accumulation; inputs/outputs stay fp32")
+    s.add_argument("--cuda-graph", action="store_true", help="GPU targets: replay the model as one CUDA graph")
     s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("run", parents=[common], help="run a package on inputs from an .npz file")

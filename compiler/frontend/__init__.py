@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import TvmpipeError
-from . import rnn  # noqa: F401  (registers LSTM/GRU/RNN)
+from . import clip, rnn  # noqa: F401  (register Clip, LSTM/GRU/RNN)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import TensorSpec, bind_shapes, clean, parse_shape_arg, read_model
 from .support import check, iter_nodes, opset_of
