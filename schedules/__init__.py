@@ -4,8 +4,12 @@
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules.
 """
 
-RULES: list = []
+from .cpu_conv2d import CpuConv2d, legalize_conv2d
+from .cpu_fast_math import FAST_MATH
+from .cpu_matmul import CpuMatmul
+
+RULES: list = [CpuConv2d(), CpuMatmul()]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.
-LEGALIZE: dict = {}
+LEGALIZE: dict = {"relax.nn.conv2d": legalize_conv2d, **FAST_MATH}
