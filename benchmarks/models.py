@@ -343,23 +343,29 @@ def environment(target: str) -> dict:
     return env
 
 
-def save(records: list[dict], target: str, out_dir: Path) -> Path:
-    """Merge into results/models-<machine>.json: a run of some models replaces only their records."""
-    path = out_dir / f"models-{machine_name(target)}.json"
-    keys = {(r["model"], r["target"], r["batch"], r["precision"]) for r in records}
+def save(records: list[dict], machine: str, env: dict, out_dir: Path) -> Path:
+    """Merge into <out_dir>/models-<machine>.json: records of a run replace those with the same
+    (model, target, batch, precision) and keep the rest, so the zoo can be measured a few models at a time."""
+    path = out_dir / f"models-{machine}.json"
+    key = lambda r: (r["model"], r["target"], r["batch"], r["precision"])  # noqa: E731
+    new = {key(r) for r in records}
     old = json.loads(path.read_text())["records"] if path.is_file() else []
-    kept = [r for r in old if (r["model"], r["target"], r["batch"], r["precision"]) not in keys]
     order = list(MODELS)
-    merged = sorted(kept + records, key=lambda r: (order.index(r["model"]), r["batch"], r["precision"]))
+    merged = sorted([r for r in old if key(r) not in new] + records, key=lambda r: (order.index(r["model"]), *key(r)[1:]))
     doc = {
-        "machine": machine_name(target),
+        "machine": machine,
         "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "environment": environment(target),
+        "environment": env,
         "records": merged,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+RESULTS_MARK = "## Results"  # benchmarks/RESULTS.md: hand-written method above it, generated tables below
+LABELS = {"speedup_vs_ort": "vs onnxruntime", "speedup_vs_torch_eager": "vs torch eager",
+          "speedup_vs_torch_compile": "vs torch.compile"}
 
 
 def geomean(xs: list[float]) -> float:
@@ -386,7 +392,7 @@ def report(results_dir: Path) -> str:
             vals = [f"{r[c]:.3f}" if c.endswith("_ms") else f"{r[c]:.2f}x" for c in cols] if "tvmpipe_ms" in r else ["-"] * len(cols)
             ms = f"{r['tvmpipe_ms']:.3f}" if "tvmpipe_ms" in r else "-"
             lines.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {ms} | " + " | ".join(vals) + f" | {ok} |")
-        gm = [f"{c.removeprefix('speedup_')}: {geomean([r[c] for r in rows if c in r]):.2f}x" for c in cols if c.startswith("speedup")]
+        gm = [f"{LABELS[c]} {geomean([r[c] for r in rows if c in r]):.2f}x" for c in cols if c.startswith("speedup")]
         sections.append(f"### {doc['machine']}\n\n{env}; updated {doc['updated']}.\n\n{head}\n" + "\n".join(lines)
                         + f"\n\nGeomean speedup ({len([r for r in rows if 'tvmpipe_ms' in r])} rows): {', '.join(gm)}.\n")
         plots.append((doc["machine"], rows, [c for c in cols if c.startswith("speedup")]))
@@ -407,7 +413,7 @@ def _plot(plots: list, path: Path) -> None:
         labels = [f"{r['model']}\nb{r['batch']} {r['precision']}" for r in rows]
         width = 0.8 / len(cols)
         for k, c in enumerate(cols):
-            ax.bar(np.arange(len(rows)) + k * width, [r[c] for r in rows], width, label=c.replace("speedup_", "vs "))
+            ax.bar(np.arange(len(rows)) + k * width, [r[c] for r in rows], width, label=LABELS[c])
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(np.arange(len(rows)) + width * (len(cols) - 1) / 2, labels, rotation=60, fontsize=7)
         ax.set_ylabel("speedup of tvmpipe (x)")
@@ -420,16 +426,18 @@ def _plot(plots: list, path: Path) -> None:
 def write_report(results_dir: Path) -> None:
     table = report(results_dir)
     md = REPO / "benchmarks" / "RESULTS.md"
-    md.write_text(
-        "# Model zoo results\n\nMade by `python benchmarks/models.py --report` from `benchmarks/results/models-*.json`; "
-        "each row was measured side by side in one run of `benchmarks/models.py` (median latency; see the script's "
-        "docstring for the method).\n\n" + table + "\n![speedups](results/models.png)\n"
-    )
+    head, sep, _ = md.read_text().partition(RESULTS_MARK) if md.is_file() else ("# Model zoo results\n\n", "", "")
+    md.write_text(head + RESULTS_MARK + "\n\n" + table + "\n![speedups](results/models.png)\n")
     readme = REPO / "README.md"
     text = readme.read_text()
     begin, end = "<!-- zoo-results:begin -->", "<!-- zoo-results:end -->"
     block = f"{begin}\n{table.replace('### ', '#### ')}{end}"
-    text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :] if begin in text else text + f"\n## Model zoo\n\n{block}\n"
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text += ("\n## Model zoo\n\n`benchmarks/models.py` measures five models end to end against onnxruntime (CPU) and "
+                 "PyTorch (GPU); [benchmarks/RESULTS.md](benchmarks/RESULTS.md) has the method, the commands and a plot.\n\n"
+                 + block + "\n")
     readme.write_text(text)
     print(f"wrote {md}, {results_dir / 'models.png'} and the table in {readme}")
 
@@ -448,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true", help="reuse packages already in build/zoo/ (no recompile)")
     p.add_argument("--export-only", action="store_true", help="only export the ONNX files (needs torch only)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge results files (e.g. from the GPU machine) into --out")
     p.add_argument("--report", action="store_true", help="write RESULTS.md, the PNG and the README table")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -462,9 +471,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.target:
         os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
         records = run_cpu(models, args) if args.target == "cpu" else run_gpu(models, args)
-        print(f"wrote {save(records, args.target, args.out)}")
+        print(f"wrote {save(records, machine_name(args.target), environment(args.target), args.out)}")
         if not all(r["correct"] for r in records):
             return 1
+    for path in args.merge or []:
+        doc = json.loads(path.read_text())
+        print(f"merged {path} -> {save(doc['records'], doc['machine'], doc['environment'], args.out)}")
     if args.report:
         write_report(args.out)
     return 0

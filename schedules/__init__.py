@@ -5,10 +5,11 @@
 """
 
 from .cpu_conv2d import CpuConv2d, legalize_conv2d
+from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul
 
-RULES: list = [CpuConv2d(), CpuMatmul()]
+RULES: list = [CpuConv2d(), CpuMatmul(), CpuElementwise()]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.

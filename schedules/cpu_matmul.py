@@ -53,6 +53,13 @@ class CpuMatmul(ScheduleRule):
             pad_i = 8 if mr * nj < regs // 2 and n_i > 8 else 1
             if n_j % lanes or n_i % pad_i:
                 sch.pad_einsum(main, [1, pad_i, lanes, 1])
+                # The padded copy of B is materialised K-major (written in that order), so that the vector
+                # loop reads it contiguously.
+                b_pad = sch.get(main).reads[1].source
+                (b_copy,) = [p for p in sch.get_producers(main) if sch.get(p).writes[0].source.same_as(b_pad)]
+                sch.transform_layout(main, ("read", 1), lambda s, j, k: (s, k, j))
+                *_, j_loop, k_loop = sch.get_loops(b_copy)
+                sch.reorder(k_loop, j_loop)
         elif self._is_vector_matrix(sch, main):
             # Batch-1 heads, C[1, J] = A[1, K] B[K, J]: DLight's analysis drops the unit axes and finds
             # no I; give the loop nest the (S, I, J, K) shape and use the widest vector that divides J.

@@ -70,3 +70,18 @@ def test_batched_attention_matmuls_and_tanh(capsys, tmp_path, rng):
     inputs = {n: rng.standard_normal(shape).astype(np.float32) * 0.3 for n in "qkv"}
     ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
     assert rel_err(ours["y"], ref["y"]) < 1e-5
+
+
+def test_tanh_gelu_chain(capsys, tmp_path, rng):
+    """GPT-2's GELU as exported: Pow(x, 3) and Tanh in an elementwise chain (one vectorised kernel)."""
+    c = {"three": np.array(3.0, np.float32), "a": np.array(0.044715, np.float32),
+         "s": np.array(np.sqrt(2 / np.pi), np.float32), "half": np.array(0.5, np.float32), "one": np.array(1.0, np.float32)}
+    nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["p", "a"], ["pa"]),
+             helper.make_node("Add", ["x", "pa"], ["u"]), helper.make_node("Mul", ["u", "s"], ["us"]),
+             helper.make_node("Tanh", ["us"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+             helper.make_node("Mul", ["x", "t1"], ["xt"]), helper.make_node("Mul", ["xt", "half"], ["y"])]
+    model = make_model(nodes, [("x", F, [3, 1000, 7])], [("y", F, [3, 1000, 7])], c)
+    x = rng.standard_normal((3, 1000, 7)).astype(np.float32) * 3
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
