@@ -144,7 +144,7 @@ def export(model: str, batch: int, force: bool = False) -> Path:
     net = spec.build()
     args = tuple(torch.from_numpy(a) for a in spec.example(batch).values())
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial")
+    tmp = path.with_suffix(f".{os.getpid()}.partial")  # parallel compiles may export the same model
     with torch.no_grad():
         prog = torch.onnx.export(net, args, dynamo=True, input_names=list(spec.inputs), verbose=False)
     prog.save(str(tmp))
@@ -254,14 +254,17 @@ def _torch_baselines(name: str, batch: int, precision: str, args: argparse.Names
         dtype = torch.float16 if precision == "fp16" else torch.float32
         net = net.to(dtype)
         xs = [_to_torch(a, dtype) for a in inputs.values()]
-        eager = _cuda_ms(lambda: net(*xs), args.repeat, args.warmup)
+        out = {"torch_eager_ms": _median(_cuda_ms(lambda: net(*xs), args.repeat, args.warmup))}
         t0 = time.perf_counter()
-        compiled = torch.compile(net)
-        compiled(*xs)
-        compile_s = time.perf_counter() - t0
-        fast = _cuda_ms(lambda: compiled(*xs), args.repeat, args.warmup)
+        try:
+            compiled = torch.compile(net)
+            compiled(*xs)
+            out["torch_compile_s"] = round(time.perf_counter() - t0, 1)
+            out["torch_compile_ms"] = _median(_cuda_ms(lambda: compiled(*xs), args.repeat, args.warmup))
+        except Exception as err:  # recorded, so that one failing baseline does not lose the other rows
+            out["torch_compile_error"] = f"{type(err).__name__}: {str(err).strip()[:200]}"
     torch._dynamo.reset()
-    return {"torch_eager_ms": _median(eager), "torch_compile_ms": _median(fast), "torch_compile_s": round(compile_s, 1)}, ref
+    return out, ref
 
 
 def _to_torch(a: np.ndarray, float_dtype):
@@ -298,15 +301,17 @@ def run_gpu(models: list[str], args: argparse.Namespace) -> list[dict]:
         outs = runner(**inputs)
         err = errors(outs, dict(zip(outs, ref)))
         ours = _median(runner.time(inputs, repeat=args.repeat, warmup=args.warmup).ms)
+        if "torch_compile_ms" in rec:
+            rec["speedup_vs_torch_compile"] = rec["torch_compile_ms"] / ours
         rec.update(
             tvmpipe_ms=ours, speedup_vs_torch_eager=rec["torch_eager_ms"] / ours,
-            speedup_vs_torch_compile=rec["torch_compile_ms"] / ours,
             correct=err["max_rel_err"] <= TOLERANCE[precision], tolerance=TOLERANCE[precision], **err,
             compile_s=built["compile_s"], kernels=_kernel_summary(runner.manifest),
         )
         records.append(rec)
         print(f"{name} b{batch} {precision}: tvmpipe {ours:.3f} ms, eager {rec['torch_eager_ms']:.3f} ms, "
-              f"torch.compile {rec['torch_compile_ms']:.3f} ms, max rel err {err['max_rel_err']:.2e}", flush=True)
+              f"torch.compile {rec.get('torch_compile_ms', float('nan')):.3f} ms, max rel err {err['max_rel_err']:.2e}",
+              flush=True)
         del runner
         torch.cuda.empty_cache()
     pool.shutdown()
@@ -363,6 +368,8 @@ def save(records: list[dict], machine: str, env: dict, out_dir: Path) -> Path:
     return path
 
 
+COLUMNS = ("ort_ms", "speedup_vs_ort", "torch_eager_ms", "torch_compile_ms", "speedup_vs_torch_eager",
+           "speedup_vs_torch_compile")
 RESULTS_MARK = "## Results"  # benchmarks/RESULTS.md: hand-written method above it, generated tables below
 LABELS = {"speedup_vs_ort": "vs onnxruntime", "speedup_vs_torch_eager": "vs torch eager",
           "speedup_vs_torch_compile": "vs torch.compile"}
@@ -373,23 +380,21 @@ def geomean(xs: list[float]) -> float:
 
 
 def report(results_dir: Path) -> str:
-    """RESULTS.md (one table per results file), a PNG of the speedups, and the README's copy of the tables."""
+    """The markdown tables, one per results file (with geomean speedups); also writes the PNG of the speedups."""
     sections, plots = [], []
     for path in sorted(results_dir.glob("models-*.json")):
         doc = json.loads(path.read_text())
         rows = doc["records"]
         gpu = rows and rows[0]["target"] != "cpu"
         env = ", ".join(f"{k} {v}" for k, v in doc["environment"].items())
-        if gpu:
-            head = "| model | batch | precision | tvmpipe ms | torch eager ms | torch.compile ms | vs eager | vs torch.compile | correct (max rel err) |\n|---|---|---|---|---|---|---|---|---|"
-            cols = ("torch_eager_ms", "torch_compile_ms", "speedup_vs_torch_eager", "speedup_vs_torch_compile")
-        else:
-            head = "| model | batch | precision | tvmpipe ms | onnxruntime ms | vs onnxruntime | correct (max rel err) |\n|---|---|---|---|---|---|---|"
-            cols = ("ort_ms", "speedup_vs_ort")
+        theirs = ["torch eager ms", "torch.compile ms", "vs eager", "vs torch.compile"] if gpu else ["onnxruntime ms", "vs onnxruntime"]
+        names = ["model", "batch", "precision", "tvmpipe ms", *theirs, "correct (max rel err)"]
+        head = "| " + " | ".join(names) + " |\n|" + "---|" * len(names)
+        cols = [c for c in COLUMNS if c.startswith(("torch", "speedup_vs_torch") if gpu else ("ort", "speedup_vs_ort"))]
         lines = []
         for r in rows:
-            ok = f"{'yes' if r['correct'] else 'NO'} ({r['max_rel_err']:.1e})" if "max_rel_err" in r else f"NO: {r.get('error', '')}"
-            vals = [f"{r[c]:.3f}" if c.endswith("_ms") else f"{r[c]:.2f}x" for c in cols] if "tvmpipe_ms" in r else ["-"] * len(cols)
+            ok = f"{'yes' if r['correct'] else 'NO'} ({r['max_rel_err']:.1e})" if "max_rel_err" in r else f"NO: {r['error']}"
+            vals = ["-" if c not in r else f"{r[c]:.3f}" if c.endswith("_ms") else f"{r[c]:.2f}x" for c in cols]
             ms = f"{r['tvmpipe_ms']:.3f}" if "tvmpipe_ms" in r else "-"
             lines.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {ms} | " + " | ".join(vals) + f" | {ok} |")
         gm = [f"{LABELS[c]} {geomean([r[c] for r in rows if c in r]):.2f}x" for c in cols if c.startswith("speedup")]
@@ -413,7 +418,7 @@ def _plot(plots: list, path: Path) -> None:
         labels = [f"{r['model']}\nb{r['batch']} {r['precision']}" for r in rows]
         width = 0.8 / len(cols)
         for k, c in enumerate(cols):
-            ax.bar(np.arange(len(rows)) + k * width, [r[c] for r in rows], width, label=LABELS[c])
+            ax.bar(np.arange(len(rows)) + k * width, [r.get(c, 0) for r in rows], width, label=LABELS[c])
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(np.arange(len(rows)) + width * (len(cols) - 1) / 2, labels, rotation=60, fontsize=7)
         ax.set_ylabel("speedup of tvmpipe (x)")
@@ -456,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true", help="reuse packages already in build/zoo/ (no recompile)")
     p.add_argument("--export-only", action="store_true", help="only export the ONNX files (needs torch only)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
-    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge results files (e.g. from the GPU machine) into --out")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge results files (from the GPU) into --out")
     p.add_argument("--report", action="store_true", help="write RESULTS.md, the PNG and the README table")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

@@ -4,13 +4,19 @@
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules.
 """
 
-from .cpu_conv2d import CpuConv2d, legalize_conv2d
+from . import cpu_conv2d, gpu_conv2d
+from .common import first_applicable
+from .cpu_conv2d import CpuConv2d
+from .cpu_depthwise import CpuDepthwise
 from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul
 
-RULES: list = [CpuConv2d(), CpuMatmul(), CpuElementwise()]
+RULES: list = [CpuConv2d(), CpuDepthwise(), CpuMatmul(), CpuElementwise()]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.
-LEGALIZE: dict = {"relax.nn.conv2d": legalize_conv2d, **FAST_MATH}
+LEGALIZE: dict = {
+    "relax.nn.conv2d": first_applicable(cpu_conv2d.legalize_conv2d, gpu_conv2d.legalize_conv2d),
+    **FAST_MATH,
+}

@@ -16,7 +16,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
-from .cpu_common import compiling_for_cpu, default_legalize, largest_divisor, register_tile, vector_shape
+from .common import compiling_for_cpu, largest_divisor, register_tile, vector_shape
 
 BLOCK = "conv2d_nchw_hwio"
 
@@ -38,12 +38,12 @@ def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dila
     )
 
 
-def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
     """conv2d -> HWIO weight transpose (folded for constant weights) + ``conv2d_nchw_hwio`` on CPUs."""
     a = call.attrs
     plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
     if not (compiling_for_cpu() and plain and call.ty.dtype == "float32" and call.args[0].ty.dtype == "float32"):
-        return default_legalize(bb, call)
+        return None
     weight = bb.emit_te(topi.transpose, call.args[1], [2, 3, 1, 0], primfunc_name_hint="conv2d_weight_hwio")
     return bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, a.strides, a.padding, a.dilation, primfunc_name_hint="conv2d")
 

@@ -12,7 +12,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .cpu_common import largest_divisor, vector_shape
+from .common import largest_divisor, vector_shape
 
 
 PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs more than it saves

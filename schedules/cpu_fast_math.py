@@ -15,7 +15,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax, topi
 
-from .cpu_common import compiling_for_cpu, default_legalize
+from .common import compiling_for_cpu, default_legalize
 
 
 def _on_cpu_only(fast: Callable) -> Callable:

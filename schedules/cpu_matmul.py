@@ -26,7 +26,7 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from .cpu_common import largest_divisor, register_tile, vector_shape
+from .common import largest_divisor, register_tile, vector_shape
 
 
 class CpuMatmul(ScheduleRule):

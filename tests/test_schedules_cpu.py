@@ -85,3 +85,19 @@ def test_tanh_gelu_chain(capsys, tmp_path, rng):
     ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
     assert rel_err(ours["y"], ref["y"]) < 1e-5
     assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
+
+
+@pytest.mark.parametrize("c, hw, stride", [(24, 15, 2), (8, 14, 1), (5, 9, 1)])
+def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride):
+    """MobileNet's depthwise 3x3 + bias + ReLU6 (Clip)."""
+    w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c, strides=[stride] * 2, pads=[1] * 4),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["y"])]
+    out = (hw + 2 - 3) // stride + 1
+    inits = {"w": w, "b": b, "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    model = make_model(nodes, [("x", F, [2, c, hw, hw])], [("y", F, [2, c, out, out])], inits)
+    x = rng.standard_normal((2, c, hw, hw)).astype(np.float32) * 2
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert "hand:CpuDepthwise" in _kernels(tmp_path).values()

@@ -1,6 +1,8 @@
-"""What the CPU rules and legalisations share: the target test, TVM's default lowering, vector sizes."""
+"""What the rules and legalisations share: the target test, TVM's default lowering, vector sizes."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
@@ -18,6 +20,19 @@ def compiling_for_cpu() -> bool:
 def default_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """TVM's own legalisation of ``call`` (for the cases a custom one does not take)."""
     return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+
+
+def first_applicable(*legalizers: Callable) -> Callable:
+    """One LegalizeOps entry from target-specific ones, each returning None where it does not apply."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        for legalizer in legalizers:
+            out = legalizer(bb, call)
+            if out is not None:
+                return out
+        return default_legalize(bb, call)
+
+    return legalize
 
 
 def vector_shape(target: Target, dtype: str) -> tuple[int, int]:
