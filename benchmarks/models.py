@@ -26,6 +26,8 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,10 +135,10 @@ def onnx_path(model: str, batch: int) -> Path:
     return CACHE / f"{model}-b{batch}.onnx"
 
 
-def export(model: str, batch: int, force: bool = False) -> Path:
-    """ONNX file of ``model`` at ``batch`` (static shapes), exported once and cached."""
+def export(model: str, batch: int) -> Path:
+    """ONNX file of ``model`` at ``batch`` (static shapes), exported once and cached (delete it to redo)."""
     path = onnx_path(model, batch)
-    if path.is_file() and not force:
+    if path.is_file():
         return path
     import torch
 
@@ -174,10 +176,7 @@ def compile_package(model: str, batch: int, target: str, precision: str, cuda_gr
 
 def _kernel_summary(manifest: dict) -> dict[str, int]:
     """How many kernels came from each schedule source (hand rule, tuned, DLight rule, default)."""
-    out: dict[str, int] = {}
-    for how in manifest["kernels"].values():
-        out[how] = out.get(how, 0) + 1
-    return dict(sorted(out.items()))
+    return dict(sorted(Counter(manifest["kernels"].values()).items()))
 
 
 def _median(ms: list[float]) -> float:
@@ -187,19 +186,18 @@ def _median(ms: list[float]) -> float:
 # ---------------------------------------------------------------- CPU: vs onnxruntime
 
 
-def run_cpu(models: list[str], args: argparse.Namespace) -> list[dict]:
+def run_cpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
     from compiler import targets
     from compiler.compare import OrtSession, errors
     from compiler.runtime import load
 
     threads = targets.resolve("cpu").cores
-    records = []
     for name in models:
         rec = {"model": name, "target": "cpu", "batch": 1, "precision": "fp32", "threads": threads}
         built = compile_package(name, 1, "cpu", "fp32", False, args.reuse)
         if "error" in built:
-            records.append({**rec, "correct": False, "error": built["error"]})
             print(f"{name}: FAILED {built['error']}", flush=True)
+            yield {**rec, "correct": False, "error": built["error"]}
             continue
         runner = load(built["package"])
         ort = OrtSession(str(onnx_path(name, 1)), threads)
@@ -215,10 +213,9 @@ def run_cpu(models: list[str], args: argparse.Namespace) -> list[dict]:
             correct=err["max_rel_err"] <= TOLERANCE["fp32"], tolerance=TOLERANCE["fp32"], **err,
             compile_s=built["compile_s"], kernels=_kernel_summary(runner.manifest), runs=len(ours),
         )
-        records.append(rec)
         print(f"{name}: tvmpipe {rec['tvmpipe_ms']:.2f} ms, onnxruntime {rec['ort_ms']:.2f} ms "
               f"({rec['speedup_vs_ort']:.2f}x), max rel err {err['max_rel_err']:.2e}", flush=True)
-    return records
+        yield rec
 
 
 # ---------------------------------------------------------------- GPU: vs PyTorch eager / torch.compile
@@ -274,7 +271,7 @@ def _to_torch(a: np.ndarray, float_dtype):
     return t.to(float_dtype) if t.is_floating_point() else t
 
 
-def run_gpu(models: list[str], args: argparse.Namespace) -> list[dict]:
+def run_gpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
     import multiprocessing as mp
 
     import torch
@@ -284,38 +281,40 @@ def run_gpu(models: list[str], args: argparse.Namespace) -> list[dict]:
 
     variants = [(m, b, p) for m in models for b in args.batch for p in args.precision]
     # Compiling (CPU-bound, in worker processes) overlaps with the torch measurements below.
-    pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn"))
-    jobs = {v: pool.submit(compile_package, v[0], v[1], "cuda-sm90", v[2], args.cuda_graph, args.reuse) for v in variants}
-    records = []
-    for name, batch, precision in variants:
-        rec = {"model": name, "target": "cuda-sm90", "batch": batch, "precision": precision, "cuda_graph": args.cuda_graph}
-        base, ref = _torch_baselines(name, batch, precision, args)
-        rec.update(base)
-        built = jobs[(name, batch, precision)].result()
-        if "error" in built:
-            records.append({**rec, "correct": False, "error": built["error"]})
-            print(f"{name} b{batch} {precision}: FAILED {built['error']}", flush=True)
-            continue
-        runner = load(built["package"])
-        inputs = MODELS[name].example(batch)
-        outs = runner(**inputs)
-        err = errors(outs, dict(zip(outs, ref)))
-        ours = _median(runner.time(inputs, repeat=args.repeat, warmup=args.warmup).ms)
-        if "torch_compile_ms" in rec:
-            rec["speedup_vs_torch_compile"] = rec["torch_compile_ms"] / ours
-        rec.update(
-            tvmpipe_ms=ours, speedup_vs_torch_eager=rec["torch_eager_ms"] / ours,
-            correct=err["max_rel_err"] <= TOLERANCE[precision], tolerance=TOLERANCE[precision], **err,
-            compile_s=built["compile_s"], kernels=_kernel_summary(runner.manifest),
-        )
-        records.append(rec)
-        print(f"{name} b{batch} {precision}: tvmpipe {ours:.3f} ms, eager {rec['torch_eager_ms']:.3f} ms, "
-              f"torch.compile {rec.get('torch_compile_ms', float('nan')):.3f} ms, max rel err {err['max_rel_err']:.2e}",
-              flush=True)
-        del runner
-        torch.cuda.empty_cache()
-    pool.shutdown()
-    return records
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        jobs = {(m, b, p): pool.submit(compile_package, m, b, "cuda-sm90", p, args.cuda_graph, args.reuse)
+                for m, b, p in variants}
+        for name, batch, precision in variants:
+            rec = {"model": name, "target": "cuda-sm90", "batch": batch, "precision": precision,
+                   "cuda_graph": args.cuda_graph}
+            base, ref = _torch_baselines(name, batch, precision, args)
+            rec.update(base)
+            try:  # a failure (compile, load, run) is recorded and the next variant goes on
+                built = jobs[(name, batch, precision)].result()
+                if "error" in built:
+                    raise RuntimeError(built["error"])
+                runner = load(built["package"])
+                inputs = MODELS[name].example(batch)
+                outs = runner(**inputs)
+                err = errors(outs, dict(zip(outs, ref)))
+                ours = _median(runner.time(inputs, repeat=args.repeat, warmup=args.warmup).ms)
+            except Exception as error:
+                print(f"{name} b{batch} {precision}: FAILED {error}", flush=True)
+                yield {**rec, "correct": False, "error": f"{type(error).__name__}: {str(error).strip()[:300]}"}
+                continue
+            if "torch_compile_ms" in rec:
+                rec["speedup_vs_torch_compile"] = rec["torch_compile_ms"] / ours
+            rec.update(
+                tvmpipe_ms=ours, speedup_vs_torch_eager=rec["torch_eager_ms"] / ours,
+                correct=err["max_rel_err"] <= TOLERANCE[precision], tolerance=TOLERANCE[precision], **err,
+                compile_s=built["compile_s"], kernels=_kernel_summary(runner.manifest),
+            )
+            print(f"{name} b{batch} {precision}: tvmpipe {ours:.3f} ms, eager {rec['torch_eager_ms']:.3f} ms, "
+                  f"torch.compile {rec.get('torch_compile_ms', float('nan')):.3f} ms, "
+                  f"max rel err {err['max_rel_err']:.2e}", flush=True)
+            del runner
+            torch.cuda.empty_cache()
+            yield rec
 
 
 # ---------------------------------------------------------------- results
@@ -466,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
-    if unknown:
+    if unknown or not models:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     if args.export_only:
         for m in models:
@@ -475,9 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.target:
         os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-        records = run_cpu(models, args) if args.target == "cpu" else run_gpu(models, args)
-        print(f"wrote {save(records, machine_name(args.target), environment(args.target), args.out)}")
-        if not all(r["correct"] for r in records):
+        machine, env = machine_name(args.target), environment(args.target)
+        correct = True
+        for rec in (run_cpu if args.target == "cpu" else run_gpu)(models, args):
+            path = save([rec], machine, env, args.out)  # row by row: a run cut short keeps what it measured
+            correct &= rec["correct"]
+        print(f"wrote {path}")
+        if not correct:
             return 1
     for path in args.merge or []:
         doc = json.loads(path.read_text())
