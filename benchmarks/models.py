@@ -339,7 +339,9 @@ def environment(target: str) -> dict:
         import onnxruntime
 
         env["onnxruntime"] = onnxruntime.__version__
-        env["cpu"] = platform.processor() or platform.machine()
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")] if Path("/proc/cpuinfo").is_file() else []
+        env["cpu"] = f"{names[0] if names else platform.machine()}, {len(os.sched_getaffinity(0))} threads"
     else:
         import torch
 
