@@ -10,7 +10,7 @@ from .cpu_conv2d import CpuConv2d
 from .cpu_depthwise import CpuDepthwise
 from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
-from .cpu_matmul import CpuMatmul
+from .cpu_matmul import CpuMatmul, legalize_matmul
 
 RULES: list = [CpuConv2d(), CpuDepthwise(), CpuMatmul(), CpuElementwise()]
 
@@ -18,5 +18,6 @@ RULES: list = [CpuConv2d(), CpuDepthwise(), CpuMatmul(), CpuElementwise()]
 # ops whose kernel we hand-write are lowered to a canonical PrimFunc that the matching rule recognises.
 LEGALIZE: dict = {
     "relax.nn.conv2d": first_applicable(cpu_conv2d.legalize_conv2d, gpu_conv2d.legalize_conv2d),
+    "relax.matmul": first_applicable(legalize_matmul),
     **FAST_MATH,
 }

@@ -16,7 +16,8 @@ Kernels whose J is not a multiple of the vector width are padded (``pad_einsum``
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+import tvm
+from tvm import relax, s_tir, te, tirx, topi
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (
@@ -26,7 +27,9 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from .common import largest_divisor, register_tile, vector_shape
+from .common import compiling_for_cpu, largest_divisor, register_tile, vector_shape
+
+PAD_N = 64  # four AVX-512 vectors of fp32
 
 
 class CpuMatmul(ScheduleRule):
@@ -137,3 +140,27 @@ class CpuMatmul(ScheduleRule):
         sch.transform_layout(reindex[1], ("write", 0), b_map)
         sch.transform_layout(reindex[2], ("read", 0), c_map)
         sch.transform_block_layout(main, matmul_map)
+
+
+def _dense(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """a[..., K] @ w[K, N]."""
+    r = te.reduce_axis((0, w.shape[0]), "k")
+    return te.compute(
+        (*a.shape[:-1], w.shape[1]), lambda *i: te.sum(a[(*i[:-1], r)] * w[r, i[-1]], axis=r), name="matmul"
+    )
+
+
+def legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+    """x @ W with a constant W whose N is not a multiple of 64 (GPT-2's 50257-wide LM head): pad W once,
+    at compile time (FoldConstant), multiply over the padded width, keep the first N columns. Without
+    this the rule pads a copy of W on every call."""
+    weight = call.args[1]
+    if not compiling_for_cpu() or not isinstance(weight, tvm.ir.expr.Constant) or len(weight.ty.shape) != 2:
+        return None
+    k, n = (int(d) for d in weight.ty.shape)
+    if n % PAD_N == 0 or n < PAD_N or call.ty.dtype != "float32":
+        return None
+    padded = bb.emit_te(lambda w: topi.nn.pad(w, [0, 0], [0, -n % PAD_N]), weight, primfunc_name_hint="weight_pad")
+    full = bb.emit_te(_dense, call.args[0], padded, primfunc_name_hint="matmul")
+    begin, end = [0] * len(call.ty.shape), [int(d) for d in call.ty.shape]
+    return bb.call_te(topi.strided_slice, full, begin, end, primfunc_name_hint="slice")
