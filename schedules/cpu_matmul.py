@@ -11,7 +11,9 @@ fused prologue/epilogue (bias, GELU, residual add, ...) stays in the same kernel
 - tiles are distributed over the cores (``parallel``), J-tiles outermost so a B panel is reused from cache
   by consecutive I-tiles; the epilogue runs on each tile while it is hot.
 
-Kernels whose J is not a multiple of the vector width are padded (``pad_einsum``) to it.
+Where J is not a multiple of the vector width, or I has no divisor that fills the tile (ViT's 197
+tokens), ``pad_einsum`` pads them; the padded operands are then copied once per call (B K-major). A constant
+weight of such a width is padded at compile time instead, by ``legalize_matmul``.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | No
     weight = call.args[1]
     if not compiling_for_cpu() or not isinstance(weight, tvm.ir.expr.Constant) or len(weight.ty.shape) != 2:
         return None
-    k, n = (int(d) for d in weight.ty.shape)
+    n = int(weight.ty.shape[1])
     if n % PAD_N == 0 or n < PAD_N or call.ty.dtype != "float32":
         return None
     padded = bb.emit_te(lambda w: topi.nn.pad(w, [0, 0], [0, -n % PAD_N]), weight, primfunc_name_hint="weight_pad")
