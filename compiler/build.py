@@ -6,6 +6,7 @@ The passes before this one already lowered and fused (``passes``) and scheduled 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,12 @@ def _unbound_gpu_kernels(mod: tvm.IRModule) -> list[str]:
     ]
 
 
-def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
-    """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
+def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) -> Built:
+    """Lower the Relax dataflow to VM code and compile all kernels for ``target``.
+
+    ``cuda_graph``: the CUDA finalisation (RewriteCUDAGraph) captures the statically planned part of
+    ``main`` into a CUDA graph on the first call and replays it afterwards: one launch per call.
+    """
     if target.is_gpu and (unbound := _unbound_gpu_kernels(mod)):
         raise RuntimeError(f"kernels left unscheduled for {target.name} (no thread binding): {', '.join(unbound)}")
     t = target.target
@@ -65,4 +70,6 @@ def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
         relax.transform.CallTIRRewrite(),
     ]
     pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
-    return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
+    graphs = {"relax.backend.use_cuda_graph": True}
+    with tvm.transform.PassContext(config=graphs) if cuda_graph else contextlib.nullcontext():
+        return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)

@@ -84,7 +84,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     manifest, out, secs = _compile(
         args.model, args.target, args.output, _shapes(args.input_shape),
         fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules,
-        extra={"plugins": plugins} if plugins else {},
+        precision=args.precision, cuda_graph=args.cuda_graph, extra={"plugins": plugins} if plugins else {},
     )
     gpu = manifest.get("gpu_code")
     extra = f", GPU code: {gpu['format']} ({' + '.join(gpu['images'])})" if gpu else ""
@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
     s.add_argument("--plugin", action="append", metavar="FILE.py",
                    help="import a plug-in that registers custom ops (compiler.register_op); repeatable")
+    s.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16 (GPU targets): fp16 conv/matmul with fp32 accumulation; inputs/outputs stay fp32")
+    s.add_argument("--cuda-graph", action="store_true", help="GPU targets: replay the model as one CUDA graph")
     s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("inspect", parents=[common], help="show the kernels after fusion, their ops and the bytes saved")

@@ -6,8 +6,9 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import frontend, package, passes, schedules, targets, tuning
+from . import frontend, package, passes, precision, schedules, targets, tuning
 from .build import build
+from .errors import TvmpipeError
 from .version import PACKAGE_FORMAT, __version__
 
 
@@ -17,6 +18,8 @@ class Options:
 
     fusion: str = "tvmpipe"  # passes.FUSION_LEVELS; --no-fusion is "none"
     custom_schedules: bool = True
+    precision: str = "fp32"  # or "fp16" (GPU): mixed precision with fp32 accumulation
+    cuda_graph: bool = False  # GPU: replay the whole model as one CUDA graph
     extra: dict = field(default_factory=dict)
 
 
@@ -25,7 +28,8 @@ def lower(
 ):
     """Passes, schedules and tuning (everything but the build): (module, pass names, {kernel: provenance})."""
     legalize = schedules.legalizations() if options.custom_schedules else {}
-    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion, legalize=legalize, observe=observe)
+    mod = precision.apply(imported.mod, options.precision)
+    mod, pass_names = passes.optimize(mod, info, fusion=options.fusion, legalize=legalize, observe=observe)
     mod, hand = schedules.apply(mod, info, enabled=options.custom_schedules)
     mod, provenance = tuning.apply(mod, info)
     return mod, pass_names, {**{k: f"hand:{v}" for k, v in hand.items()}, **provenance}
@@ -43,9 +47,12 @@ def compile_model(
 
     options = options or Options()
     info = targets.resolve(target)
+    precision.check(info, options.precision)
+    if options.cuda_graph and not info.is_gpu:
+        raise TvmpipeError(f"--cuda-graph is for GPU targets, not {info.name}")
     imported = frontend.load(model, shapes)
     mod, pass_names, kernels = lower(imported, info, options)
-    built = build(mod, info)
+    built = build(mod, info, cuda_graph=options.cuda_graph)
     manifest = {
         "format": "tvmpipe-package",
         "format_version": PACKAGE_FORMAT,
@@ -64,7 +71,8 @@ def compile_model(
         "outputs": [s.to_json() for s in imported.outputs],
         "source_model": {"file": Path(model).name, "sha256": imported.sha256, "opset": imported.opset},
         "passes": pass_names,
-        "options": {"fusion": options.fusion, "custom_schedules": options.custom_schedules, **options.extra},
+        "options": {"fusion": options.fusion, "custom_schedules": options.custom_schedules,
+                    "precision": options.precision, "cuda_graph": options.cuda_graph, **options.extra},
         "kernels": kernels,
         "tuning_log": None,
         "weights": "embedded in model.so (VM constant pool)",

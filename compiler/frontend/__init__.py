@@ -14,8 +14,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import TvmpipeError
-from . import attention_op  # noqa: F401  (registers ONNX Attention)
-from . import rnn  # noqa: F401  (registers LSTM/GRU/RNN)
+from . import attention_op, clip, rnn  # noqa: F401  (register ONNX Attention, Clip, LSTM/GRU/RNN)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import TensorSpec, bind_shapes, clean, parse_shape_arg, read_model
 from .support import check, iter_nodes, opset_of
