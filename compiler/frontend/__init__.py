@@ -46,8 +46,8 @@ def _outputs(mod, graph: onnx.GraphProto, path: str) -> list[TensorSpec]:
     specs = []
     for out, ty in zip(graph.output, fields):
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
-            raise Unsupported(f"{path}: output '{out.name}' is not a tensor of static shape ({ty}): its shape "
-                              "depends on run-time values; tvmpipe compiles static shapes only")
+            raise Unsupported(f"{path}: output '{out.name}' has a data-dependent shape ({ty}); "
+                              "tvmpipe compiles static shapes only")
         try:
             shape = tuple(int(d) for d in ty.shape)
         except TypeError:

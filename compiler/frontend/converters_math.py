@@ -109,3 +109,15 @@ def swish(bb, inputs, attrs, params) -> relax.Expr:
 for _name, _conv in {"Mod": mod, "IsInf": is_inf, "BitShift": bit_shift, "Pow": power, "Elu": elu,
                      "Celu": celu, "Swish": swish}.items():
     register_converter("", _name, _conv, override=True)
+
+
+def matmul(bb, inputs, attrs, params) -> relax.Expr:
+    """16-bit float products are summed in float32 (as numpy, onnxruntime and tensor cores do); summing
+    in float16 loses several units of the last place over a long reduction."""
+    a, b = inputs
+    if dtype_of(a) in ("float16", "bfloat16") and dtype_of(b) == dtype_of(a):
+        return op.astype(op.matmul(a, b, out_dtype="float32"), dtype_of(a))
+    return op.matmul(a, b)
+
+
+register_converter("", "MatMul", matmul, override=True)
