@@ -116,7 +116,7 @@ def layer_norm(bb, inputs, attrs, params) -> relax.Expr:
     inv_std = op.rsqrt(op.add(var, const(attrs.get("epsilon", 1e-5), xs)))
     if dtype_of(x) == stash:  # the fused op that the kernels (and their schedules) know
         if bias is None:
-            bias = relax.const(np.zeros(shape(scale), dtype_of(scale)))
+            bias = relax.const(np.zeros(shape(scale)), dtype_of(scale))
         y = op.nn.layer_norm(x, scale, bias, axes, attrs.get("epsilon", 1e-5))
     else:
         y = op.multiply(op.astype(op.multiply(centered, inv_std), dtype_of(x)), scale)
