@@ -129,7 +129,109 @@ def rotary_embedding(bb, inputs, attrs, params) -> relax.Expr:
     return op.permute_dims(out, [0, 2, 1, 3]) if len(dims) == 4 else op.reshape(out, dims)
 
 
+def causal_conv_with_state(bb, inputs, attrs, params) -> relax.Expr:
+    """Depthwise causal conv1d over [past_state | input]; the last k-1 steps are the new state."""
+    x, w = inputs[:2]
+    bias = inputs[2] if len(inputs) > 2 else None
+    past = inputs[3] if len(inputs) > 3 else None
+    (n, c, _), k = shape(x), shape(w)[2]
+    if k == 1:  # no state (a zero-size constant would not even load: TVM cannot serialise one)
+        padded = x
+    else:
+        past = past if past is not None else relax.const(np.zeros((n, c, k - 1)), dtype_of(x))
+        padded = bb.normalize(op.concat([past, x], axis=2))
+    y = bb.normalize(op.nn.conv1d(padded, w, groups=c))
+    if bias is not None:
+        y = bb.normalize(op.add(y, op.reshape(bias, [1, c, 1])))
+    if attrs.get("activation", b"none") in (b"silu", b"swish", "silu", "swish"):  # in float32, as ONNX
+        wide = bb.normalize(op.astype(y, "float32"))
+        y = op.astype(op.multiply(wide, op.sigmoid(wide)), dtype_of(x))
+    length = shape(padded)[2]
+    return relax.Tuple([bb.normalize(y), bb.normalize(op.strided_slice(padded, [2], [length - k + 1], [length]))])
+
+
+def tensor_scatter(bb, inputs, attrs, params) -> relax.Expr:
+    """Write ``update`` into ``past_cache`` along ``axis`` from write_indices[batch] on (mod the cache
+    length for mode='circular'): every cache slot takes update[slot - start] where that index is valid."""
+    cache, update = inputs[:2]
+    starts = inputs[2] if len(inputs) > 2 else None
+    dims, axis = shape(cache), attrs.get("axis", -2) % rank(cache)
+    seq, size = shape(update)[axis], dims[axis]
+    slot = relax.const(np.arange(size).reshape([-1] + [1] * (rank(cache) - axis - 1)), "int64")  # else int32
+    if starts is None:
+        starts = relax.const(np.zeros(dims[0]), "int64")
+    start = bb.normalize(op.reshape(op.astype(starts, "int64"), [dims[0]] + [1] * (rank(cache) - 1)))
+    j = bb.normalize(op.subtract(slot, start))
+    if attrs.get("mode", b"linear") in (b"circular", "circular"):
+        j = bb.normalize(op.floor_mod(j, relax.const(size, "int64")))
+    valid = bb.normalize(op.logical_and(op.greater_equal(j, relax.const(0, "int64")),
+                                        op.less(j, relax.const(seq, "int64"))))
+    index = bb.normalize(op.clip(j, 0, seq - 1))
+    index_shape = dims[:axis] + [size] + shape(update)[axis + 1:]
+    gathered = op.gather_elements(update, bb.normalize(op.broadcast_to(index, index_shape)), axis=axis)
+    return op.where(bb.normalize(op.broadcast_to(valid, dims)), gathered, cache)
+
+
+def dft(bb, inputs, attrs, params) -> relax.Expr:
+    """DFT as two matmuls with cos/sin matrices along ``axis`` (exact to rounding; no FFT needed for the
+    short signals of a static graph). Handles complex/real input, inverse, onesided (rfft / irfft)."""
+    x = inputs[0]
+    r = rank(x)
+    axis = attrs.get("axis", 1)
+    if len(inputs) > 2 and inputs[2] is not None:  # opset 20: axis is an input (constant, see support)
+        axis = int(inputs[2].value.numpy())
+    axis = axis % r
+    inverse, onesided = bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))
+    length = shape(x)[axis]
+    n = int(inputs[1].value.numpy()) if len(inputs) > 1 and inputs[1] is not None else         (2 * (length - 1) if inverse and onesided else length)
+    perm = [d for d in range(r - 1) if d != axis] + [axis]
+    part = lambda k: bb.normalize(op.permute_dims(op.squeeze(op.strided_slice(x, [r - 1], [k], [k + 1]), [r - 1]), perm))  # noqa: E731
+    re = part(0)
+    im = part(1) if shape(x)[-1] == 2 else None
+    t = np.arange(length)[:, None]
+    if inverse and onesided:  # irfft: Hermitian-symmetric spectrum -> real signal of length n
+        k = np.arange(n // 2 + 1)[None, :]
+        weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0) / n
+        angle = 2 * np.pi * np.arange(n)[None, :] * k.T / n  # [k, t]
+        rows = min(length, n // 2 + 1)
+        cos = np.zeros((length, n)); sin = np.zeros((length, n))  # noqa: E702
+        cos[:rows], sin[:rows] = (weight.T * np.cos(angle))[:rows], (-weight.T * np.sin(angle))[:rows]
+        mats = {"re": (cos, sin)}
+    else:
+        k = np.arange(n // 2 + 1 if onesided else n)[None, :]
+        angle = 2 * np.pi * t * k / n
+        cos, sin = np.cos(angle) * (t < n), np.sin(angle) * (t < n)
+        scale, sign = (1.0 / n, -1.0) if inverse else (1.0, 1.0)
+        # X = sum (re + i im)(cos -+ i sin): forward re*cos + im*sin, im*cos - re*sin
+        mats = {"re": (scale * cos, sign * scale * sin), "im": (scale * cos, -sign * scale * sin)}
+    dtype = dtype_of(x)
+    mm = lambda a, m: op.matmul(a, relax.const(m, dtype))  # noqa: E731
+    outs = []
+    for name, (mc, ms) in mats.items():
+        first, second = (re, im) if name == "re" else (im, re)
+        acc = mm(first, mc) if first is not None else None
+        if second is not None:
+            acc = op.add(acc, mm(second, ms)) if acc is not None else mm(second, ms)
+        outs.append(bb.normalize(acc if acc is not None else op.zeros_like(mm(re, mc))))
+    inv_perm = list(np.argsort(perm))
+    out = [bb.normalize(op.expand_dims(op.permute_dims(o, inv_perm), r - 1)) for o in outs]
+    return op.concat(out, axis=r - 1) if len(out) > 1 else out[0]
+
+
+def binarizer(bb, inputs, attrs, params) -> relax.Expr:
+    x = inputs[0]
+    return op.astype(op.greater(x, const(attrs.get("threshold", 0.0), x)), dtype_of(x))
+
+
+def array_feature_extractor(bb, inputs, attrs, params) -> relax.Expr:
+    x, idx = inputs
+    return op.take(x, op.reshape(idx, [-1]), axis=rank(x) - 1)
+
+
+register_converter("ai.onnx.ml", "Binarizer", binarizer)
+register_converter("ai.onnx.ml", "ArrayFeatureExtractor", array_feature_extractor)
 for _name, _conv in {
+    "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
 }.items():
