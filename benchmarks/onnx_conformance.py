@@ -217,15 +217,40 @@ class Pool:
             self._stop(slot, kill=False)
 
 
+# Why a test does not pass, from its error message: (category, regex), first match wins.
+CATEGORIES = [
+    ("training mode (not an inference computation)", r"training_mode"),
+    ("needs a run-time value at compile time (static shapes)", r"must be a constant|must be known at compile time|"
+                                                              r"is computed at run time"),
+    ("element type not computed exactly (float8/4, int4/2, string)", r"element types? .*cannot|element type"),
+    ("data-dependent output shape", r"data-dependent shape"),
+    ("sequence / optional / map values", r"is not a tensor"),
+    ("known-wrong upstream converter refused", r"Relax converter|is not an inference computation|not supported"),
+    ("no converter", r"no converter"),
+]
+
+
+def category(rec: dict) -> str:
+    if rec["status"] != "unsupported":
+        return rec["status"] if rec["status"] != "import_fail" else f"import_fail: {rec['op']}"
+    for name, rx in CATEGORIES:
+        if re.search(rx, rec["error"] or ""):
+            if name == "no converter":
+                ops = re.findall(r"(\S+) \(opset \d+; nodes? [^)]*\): no converter", rec["error"])
+                return f"no converter: {', '.join(sorted(set(ops)))}"
+            return name
+    return "unsupported: other"
+
+
 def summarize(records: list[dict], seconds: float) -> dict:
     status = Counter(r["status"] for r in records)
-    failing = Counter((r["status"], r["op"]) for r in records if r["status"] != "pass")
+    reasons = Counter(category(r) for r in records if r["status"] != "pass")
     return {
         "tests": len(records),
         "passed": status["pass"],
         "pass_rate": round(status["pass"] / max(len(records), 1), 4),
         "by_status": dict(status.most_common()),
-        "failing_by_op": {f"{s}:{op}": n for (s, op), n in failing.most_common()},
+        "by_category": dict(reasons.most_common()),
         "seconds": round(seconds, 1),
     }
 
@@ -258,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(records, indent=1) + "\n")
     out.with_name(out.stem + "_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "failing_by_op"}))
+    print(json.dumps({k: v for k, v in summary.items() if k != "by_category"}))
     return 1 if summary["by_status"].get("mismatch") else 0
 
 

@@ -42,11 +42,30 @@ class Built:
         return gpu[0] if gpu else None
 
 
+@relax.expr_functor.mutator
+class _AllocEmptyConstants(relax.PyExprMutator):
+    """A zero-size constant cannot be serialised (the library would not load): allocate it instead."""
+
+    def visit_generic_const_(self, const):
+        if 0 not in const.value.shape:
+            return const
+        return relax.op.builtin.alloc_tensor(relax.ShapeExpr(list(const.value.shape)), str(const.value.dtype), 0)
+
+
+@tvm.transform.module_pass(opt_level=0, name="AllocEmptyConstants")
+def _alloc_empty_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = _AllocEmptyConstants().visit_expr(func)
+    return mod
+
+
 def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
     """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
     t = target.target
     # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
     lower = [
+        _alloc_empty_constants,
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),

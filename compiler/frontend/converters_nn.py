@@ -6,7 +6,7 @@
   stash type (float32), as ONNX defines. RMSNormalization: upstream fails to build when the scale has a
   lower rank than the normalised shape.
 - LpNormalization, NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss: no upstream converter.
-- SpaceToDepth: upstream ignores mode='CRD'.
+- SpaceToDepth: upstream ignores mode='CRD'; ConvTranspose: upstream ignores output_shape.
 - Softmax/LogSoftmax on float16/bfloat16: computed in float32 (as onnxruntime does), since a float16 sum
   drifts several units of the last place from the ONNX reference.
 """
@@ -201,10 +201,47 @@ def space_to_depth(bb, inputs, attrs, params) -> relax.Expr:
     return op.reshape(op.permute_dims(blocks, perm), [n, c * b * b, h // b, w // b])
 
 
+class ConvTranspose:
+    """Upstream's, with an ``output_shape`` attribute (which it ignores) turned into pads the ONNX way;
+    a negative end pad (output longer than the natural size) becomes output_padding."""
+
+    @staticmethod
+    def get_converter(opset: int):
+        convert = upstream._get_convert_map()["ConvTranspose"].get_converter(opset)
+
+        def run(bb, inputs, attrs, params):
+            if "output_shape" not in attrs:
+                return convert(bb, inputs, attrs, params)
+            x, w = inputs[:2]
+            spatial = shape(x)[2:]
+            n = len(spatial)
+            kernel = list(attrs.get("kernel_shape", shape(w)[2:]))
+            strides, dilations = list(attrs.get("strides", [1] * n)), list(attrs.get("dilations", [1] * n))
+            out_pad = list(attrs.get("output_padding", [0] * n))
+            target = list(attrs["output_shape"])[-n:]
+            upper = attrs.get("auto_pad", b"NOTSET") in (b"SAME_UPPER", "SAME_UPPER")
+            begin, end = [], []
+            for i in range(n):
+                total = strides[i] * (spatial[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1 - target[i]
+                small, large = total // 2, total - total // 2
+                b, e = (small, large) if upper else (large, small)
+                if b < 0:
+                    raise ValueError(f"output_shape {target} needs a negative start pad")
+                if e < 0:
+                    out_pad[i], e = out_pad[i] - e, 0
+                begin.append(b)
+                end.append(e)
+            attrs = {k: v for k, v in attrs.items() if k not in ("output_shape", "auto_pad")}
+            attrs.update(pads=begin + end, output_padding=out_pad)
+            return convert(bb, inputs, attrs, params)
+
+        return run
+
+
 for _name, _conv in {
     "ReduceMax": Rewrite("ReduceMax", _exact_minmax), "ReduceMin": Rewrite("ReduceMin", _exact_minmax),
     "LayerNormalization": layer_norm, "RMSNormalization": RmsNorm, "LpNormalization": lp_norm,
     "NegativeLogLikelihoodLoss": nll_loss, "SoftmaxCrossEntropyLoss": softmax_cross_entropy,
-    "SpaceToDepth": space_to_depth, "Softmax": InFloat32("Softmax"), "LogSoftmax": InFloat32("LogSoftmax"),
+    "SpaceToDepth": space_to_depth, "ConvTranspose": ConvTranspose, "Softmax": InFloat32("Softmax"), "LogSoftmax": InFloat32("LogSoftmax"),
 }.items():
     register_converter("", _name, _conv, override=True)

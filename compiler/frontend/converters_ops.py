@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import tvm
 from tvm import relax, te, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as upstream
 
@@ -135,11 +136,8 @@ def causal_conv_with_state(bb, inputs, attrs, params) -> relax.Expr:
     bias = inputs[2] if len(inputs) > 2 else None
     past = inputs[3] if len(inputs) > 3 else None
     (n, c, _), k = shape(x), shape(w)[2]
-    if k == 1:  # no state (a zero-size constant would not even load: TVM cannot serialise one)
-        padded = x
-    else:
-        past = past if past is not None else relax.const(np.zeros((n, c, k - 1)), dtype_of(x))
-        padded = bb.normalize(op.concat([past, x], axis=2))
+    past = past if past is not None else relax.const(np.zeros((n, c, k - 1)), dtype_of(x))
+    padded = bb.normalize(op.concat([past, x], axis=2))
     y = bb.normalize(op.nn.conv1d(padded, w, groups=c))
     if bias is not None:
         y = bb.normalize(op.add(y, op.reshape(bias, [1, c, 1])))
@@ -228,10 +226,25 @@ def array_feature_extractor(bb, inputs, attrs, params) -> relax.Expr:
     return op.take(x, op.reshape(idx, [-1]), axis=rank(x) - 1)
 
 
+def trilu(bb, inputs, attrs, params) -> relax.Expr:
+    """Upstream's, with the run-time ``k`` path fixed (it builds its mask from unnormalised expressions)."""
+    x = inputs[0]
+    k = inputs[1] if len(inputs) > 1 else None
+    upper = attrs.get("upper", 1)
+    if k is None or isinstance(k, tvm.ir.GenericConst):
+        k = 0 if k is None else int(k.value.numpy().item())
+        return op.triu(x, k) if upper else op.tril(x, k)
+    m, n = shape(x)[-2:]
+    diff = relax.const(np.arange(n)[None, :] - np.arange(m)[:, None], "int64")  # col - row
+    k = bb.normalize(op.astype(op.reshape(k, []), "int64"))
+    keep = op.greater_equal(diff, k) if upper else op.less_equal(diff, k)
+    return op.where(bb.normalize(keep), x, op.zeros_like(x))
+
+
 register_converter("ai.onnx.ml", "Binarizer", binarizer)
 register_converter("ai.onnx.ml", "ArrayFeatureExtractor", array_feature_extractor)
 for _name, _conv in {
-    "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft,
+    "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
 }.items():

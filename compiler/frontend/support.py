@@ -1,8 +1,11 @@
 """Decide, before any conversion, which nodes tvmpipe cannot compile correctly, and say so all at once.
 
-Two kinds of refusal: ops with no converter at all, and ops whose Relax converter exists but would give a
-wrong answer for this particular node (it substitutes a default for a runtime input, or returns a dummy
-output). Both are collected over the whole graph, subgraphs included, and raised as one error.
+Refused: ops with no converter; ops whose Relax converter exists but would give a wrong answer for this
+node (``REFUSALS``: it substitutes a default for a run-time input, ignores an attribute ...); run-time
+values that must be known at compile time because they decide a shape or a kernel (``CONSTANT_INPUTS``,
+and graph inputs the optimiser folded away trusting declared output shapes); element types TVM cannot
+compute exactly; non-tensor outputs. All are collected over the whole graph, subgraphs included, and
+raised as one ``Unsupported`` error (the conformance run counts those as "unsupported", not as failures).
 """
 
 from __future__ import annotations
@@ -98,18 +101,11 @@ def _blocked(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
     return "blocked quantization (block_size > 0) is not supported" if _attr(node, "block_size", 0) else None
 
 
-def _conv_transpose(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
-    if _attr(node, "output_shape") is not None:
-        return "the output_shape attribute is ignored by the Relax converter (give pads instead)"
-    return None
-
-
 REFUSALS: dict[str, Refusal] = {
     "RoiAlign": _roialign,
     "MaxPool": _maxpool,
     "QuantizeLinear": _blocked,
     "DequantizeLinear": _blocked,
-    "ConvTranspose": _conv_transpose,
     "NonMaxSuppression": _nms,
     "BatchNormalization": _training_mode,
     "Dropout": _training_mode,
@@ -129,9 +125,10 @@ CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "CenterCropPad": (1,), "SplitToSequence": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2),
 }
 
-# Uses of a value that read only its shape and dtype, never its elements.
+# Uses of a value that never read its elements: only its shape and dtype, or (Dropout's ratio) nothing at
+# inference (training mode is refused on its own).
 _METADATA_USES = {("Shape", 0), ("Size", 0), ("CastLike", 1), ("EyeLike", 0), ("RandomNormalLike", 0),
-                  ("RandomUniformLike", 0)}
+                  ("RandomUniformLike", 0), ("Dropout", 1)}
 
 
 def _input_role(node: onnx.NodeProto, k: int, opset: int) -> str:
@@ -158,10 +155,10 @@ def runtime_constant_problems(model: onnx.ModelProto, original: onnx.ModelProto)
             if k < len(node.input) and node.input[k] and node.input[k] not in consts:
                 problems.append((node, f"its {_input_role(node, k, opset)} ('{node.input[k]}') must be a constant, "
                                        "but it is computed at run time (tvmpipe compiles static shapes)"))
-    still_read = consumed_names(model.graph)
+    still_read, inputs = consumed_names(model.graph), _graph_input_names(original)
     for node in iter_nodes(original.graph):
         for k, name in enumerate(node.input):
-            if name in _graph_input_names(original) and name not in still_read and (node.op_type, k) not in _METADATA_USES:
+            if name in inputs and name not in still_read and (node.op_type, k) not in _METADATA_USES:
                 problems.append((node, f"its {_input_role(node, k, opset)} is the graph input '{name}', whose value "
                                        "must be known at compile time (tvmpipe compiles static shapes)"))
     return problems
