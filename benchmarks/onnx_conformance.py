@@ -113,21 +113,24 @@ def run_case(case: Case, workdir: str) -> dict:
     names = [i.name for i in model.graph.input if i.name not in inits]
     feeds = {n: a for n, a in zip(names, case.inputs) if a is not None}
     shapes = {n: tuple(np.shape(a)) for n, a in feeds.items() if isinstance(a, np.ndarray)}
+    def failed(status: str, error: str) -> dict:
+        return {**rec, "status": status, "error": error.replace(f"{workdir}/", "")}  # reproducible text
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compile_model(src, "cpu", pkg, shapes)
     except Unsupported as err:
-        return {**rec, "status": "unsupported", "error": str(err)}
+        return failed("unsupported", str(err))
     except Exception as err:  # noqa: BLE001 - classify every failure
         frames = traceback.extract_tb(err.__traceback__)
         in_frontend = isinstance(err, TvmpipeError) or any("compiler/frontend" in f.filename for f in frames)
-        return {**rec, "status": "import_fail" if in_frontend else "compile_fail", "error": _first_line(err)}
+        return failed("import_fail" if in_frontend else "compile_fail", _first_line(err))
     try:
         runner = load(str(pkg))
         got = runner(**feeds)
     except Exception as err:  # noqa: BLE001
-        return {**rec, "status": "run_fail", "error": _first_line(err)}
+        return failed("run_fail", _first_line(err))
     problems = []
     for spec, ref in zip(model.graph.output, case.outputs):
         diff = _compare(np.asarray(got[spec.name]), ref)

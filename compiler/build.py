@@ -42,6 +42,21 @@ class Built:
         return gpu[0] if gpu else None
 
 
+def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
+    """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
+    t = target.target
+    # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
+    lower = [
+        _alloc_empty_constants,
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+    ]
+    pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
+    return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
+
+
 @relax.expr_functor.mutator
 class _AllocEmptyConstants(relax.PyExprMutator):
     """A zero-size constant cannot be serialised (the library would not load): allocate it instead."""
@@ -58,18 +73,3 @@ def _alloc_empty_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             mod[gvar] = _AllocEmptyConstants().visit_expr(func)
     return mod
-
-
-def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
-    """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
-    t = target.target
-    # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
-    lower = [
-        _alloc_empty_constants,
-        relax.transform.RewriteDataflowReshape(),
-        relax.transform.ToNonDataflow(),
-        relax.transform.RemovePurityChecking(),
-        relax.transform.CallTIRRewrite(),
-    ]
-    pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
-    return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)

@@ -14,7 +14,8 @@ from pathlib import Path
 import onnx
 
 from ..errors import TvmpipeError
-from . import converters_math, converters_nn, converters_ops, rnn  # noqa: F401  (register their converters)
+from . import rnn  # noqa: F401  (registers LSTM/GRU/RNN)
+from . import converters_math, converters_nn, converters_ops  # noqa: F401  (register tvmpipe's converters)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import TensorSpec, bind_shapes, clean, parse_shape_arg, read_model
 from .support import Unsupported, check, iter_nodes, opset_of
