@@ -7,8 +7,6 @@
   lower rank than the normalised shape.
 - LpNormalization, NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss: no upstream converter.
 - SpaceToDepth: upstream ignores mode='CRD'; ConvTranspose: upstream ignores output_shape.
-- Softmax/LogSoftmax on float16/bfloat16: computed in float32 (as onnxruntime does), since a float16 sum
-  drifts several units of the last place from the ONNX reference.
 """
 
 from __future__ import annotations
@@ -40,26 +38,6 @@ class Rewrite:
     def get_converter(self, opset: int):
         convert = upstream._get_convert_map()[self.op_type].get_converter(opset)
         return lambda bb, inputs, attrs, params: self.fix(bb, bb.normalize(convert(bb, inputs, attrs, params)))
-
-
-class InFloat32:
-    """Upstream's converter of ``op_type``, run in float32 for 16-bit float inputs and cast back: the
-    reductions inside (softmax's sum) lose several units of the last place when summed in float16."""
-
-    def __init__(self, op_type: str):
-        self.op_type = op_type
-
-    def get_converter(self, opset: int):
-        convert = upstream._get_convert_map()[self.op_type].get_converter(opset)
-
-        def run(bb, inputs, attrs, params):
-            x = inputs[0]
-            if dtype_of(x) not in ("float16", "bfloat16"):
-                return convert(bb, inputs, attrs, params)
-            wide = bb.normalize(op.astype(x, "float32"))
-            return op.astype(bb.normalize(convert(bb, [wide, *inputs[1:]], attrs, params)), dtype_of(x))
-
-        return run
 
 
 def _reduce_te(x: te.Tensor, axes: list[int], keepdims: bool, is_max: bool) -> te.Tensor:
@@ -242,6 +220,6 @@ for _name, _conv in {
     "ReduceMax": Rewrite("ReduceMax", _exact_minmax), "ReduceMin": Rewrite("ReduceMin", _exact_minmax),
     "LayerNormalization": layer_norm, "RMSNormalization": RmsNorm, "LpNormalization": lp_norm,
     "NegativeLogLikelihoodLoss": nll_loss, "SoftmaxCrossEntropyLoss": softmax_cross_entropy,
-    "SpaceToDepth": space_to_depth, "ConvTranspose": ConvTranspose, "Softmax": InFloat32("Softmax"), "LogSoftmax": InFloat32("LogSoftmax"),
+    "SpaceToDepth": space_to_depth, "ConvTranspose": ConvTranspose,
 }.items():
     register_converter("", _name, _conv, override=True)
