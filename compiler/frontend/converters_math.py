@@ -1,7 +1,9 @@
-"""Elementwise ONNX ops whose Relax converter is missing or wrong at the edges (found by the ONNX node tests).
+"""Elementwise ONNX ops (and MatMul) whose Relax converter is missing or wrong at the edges (found by the
+ONNX node tests).
 
 Each converter here computes the ONNX definition exactly, including the edge cases the upstream one
-gets wrong: IEEE infinities in Mod, over-wide shifts, integer powers, IsInf's sign flags, fp16 constants.
+gets wrong: IEEE infinities in Mod, over-wide shifts, integer powers, IsInf's sign flags, fp16 constants,
+float16 matmuls summed in float16.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ def const(value, like: relax.Expr) -> relax.Expr:
     return relax.const(value, dtype_of(like))
 
 
-def _is_float(x: relax.Expr) -> bool:
-    return np.dtype(dtype_of(x)).kind == "f" if dtype_of(x) != "bfloat16" else True
+def is_float(dtype: str) -> bool:
+    return dtype == "bfloat16" or np.dtype(dtype).kind == "f"  # numpy has no bfloat16
 
 
 def mod(bb, inputs, attrs, params) -> relax.Expr:
@@ -33,7 +35,7 @@ def mod(bb, inputs, attrs, params) -> relax.Expr:
     x, y = inputs
     if attrs.get("fmod", 0):
         return op.mod(x, y)
-    if not _is_float(x):
+    if not is_float(dtype_of(x)):
         return op.floor_mod(x, y)
     r = op.mod(x, y)
     zero = const(0, x)
@@ -69,9 +71,9 @@ def power(bb, inputs, attrs, params) -> relax.Expr:
     """Pow with an exponent of another type (cast to the base's float type), and integer ** integer by
     repeated squaring (exact, wrapping like C; x ** -n is 0 unless |x| == 1)."""
     x, e = inputs
-    if _is_float(x):
+    if is_float(dtype_of(x)):
         return op.power(x, e if dtype_of(e) == dtype_of(x) else op.astype(e, dtype_of(x)))
-    if _is_float(e):  # int ** float: ONNX computes in the base's integer type after the float power
+    if is_float(dtype_of(e)):  # int ** float: ONNX computes in the base's integer type after the float power
         return op.astype(op.power(op.astype(x, "float64"), op.astype(e, "float64")), dtype_of(x))
     e = op.astype(e, dtype_of(x))
     one, zero = const(1, x), const(0, x)

@@ -15,7 +15,7 @@ import numpy as np
 from tvm import relax, te, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as upstream
 
-from .converters_math import const, dtype_of
+from .converters_math import const, dtype_of, is_float
 from .registry import register_converter
 
 op = relax.op
@@ -46,8 +46,7 @@ def _reduce_te(x: te.Tensor, axes: list[int], keepdims: bool, is_max: bool) -> t
     red = {a: te.reduce_axis((0, x.shape[a]), f"k{a}") for a in axes}
     out_shape = [1 if a in red else d for a, d in enumerate(x.shape)] if keepdims else \
         [d for a, d in enumerate(x.shape) if a not in red]
-    dtype = str(x.dtype)
-    if dtype == "bfloat16" or np.dtype(dtype).kind == "f":
+    if is_float(str(x.dtype)):
         init = -np.inf if is_max else np.inf
         # a != a: NaN (tirx.isnan has no bfloat16 lowering)
         better = (lambda a, b: tirx.Or(a > b, a != a)) if is_max else (lambda a, b: tirx.Or(a < b, a != a))
@@ -81,18 +80,23 @@ def _exact_minmax(bb, result: relax.Expr) -> relax.Expr:
     return bb.emit_te(_reduce_te, call.args[0], axes, bool(call.attrs.keepdims), call.op.name == "relax.max")
 
 
+def _stashed(bb, x: relax.Expr, attrs: dict) -> relax.Expr:
+    """``x`` in the normalisations' stash type (float32 unless stash_type says otherwise)."""
+    stash = "float32" if attrs.get("stash_type", 1) == 1 else dtype_of(x)
+    return bb.normalize(op.astype(x, stash)) if dtype_of(x) != stash else x
+
+
 def layer_norm(bb, inputs, attrs, params) -> relax.Expr:
     """Y, Mean and InvStdDev per ONNX: statistics in the stash type (float32), Y cast back to X's type."""
     x, scale, bias = (list(inputs) + [None, None])[:3]
     axis = attrs.get("axis", -1) % rank(x)
     axes = list(range(axis, rank(x)))
-    stash = "float32" if attrs.get("stash_type", 1) == 1 else dtype_of(x)
-    xs = op.astype(x, stash) if dtype_of(x) != stash else x
+    xs = _stashed(bb, x, attrs)
     mean = op.mean(xs, axes, keepdims=True)
     centered = op.subtract(xs, mean)
     var = op.mean(op.multiply(centered, centered), axes, keepdims=True)
     inv_std = op.rsqrt(op.add(var, const(attrs.get("epsilon", 1e-5), xs)))
-    if dtype_of(x) == stash:  # the fused op that the kernels (and their schedules) know
+    if dtype_of(x) == dtype_of(xs):  # the fused op that the kernels (and their schedules) know
         if bias is None:
             bias = relax.const(np.zeros(shape(scale)), dtype_of(scale))
         y = op.nn.layer_norm(x, scale, bias, axes, attrs.get("epsilon", 1e-5))
@@ -105,7 +109,6 @@ def layer_norm(bb, inputs, attrs, params) -> relax.Expr:
 class RmsNorm:
     """Upstream's, with the scale broadcast to the normalised shape first (``R.nn.rms_norm`` needs that)."""
 
-
     @staticmethod
     def get_converter(opset: int):
         convert = upstream._get_convert_map()["RMSNormalization"].get_converter(opset)
@@ -114,8 +117,7 @@ class RmsNorm:
             x, scale = inputs[:2]
             axis = attrs.get("axis", -1) % rank(x)
             if axis == 0:  # TOPI's rms_norm fails to build when every axis is reduced: decompose
-                stash = "float32" if attrs.get("stash_type", 1) == 1 else dtype_of(x)
-                xs = op.astype(x, stash) if dtype_of(x) != stash else x
+                xs = _stashed(bb, x, attrs)
                 ms = op.mean(op.multiply(xs, xs), list(range(rank(x))), keepdims=True)
                 normed = op.multiply(xs, op.rsqrt(op.add(ms, const(attrs.get("epsilon", 1e-5), xs))))
                 return op.multiply(op.astype(normed, dtype_of(x)), scale)

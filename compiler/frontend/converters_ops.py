@@ -170,50 +170,47 @@ def tensor_scatter(bb, inputs, attrs, params) -> relax.Expr:
     return op.where(bb.normalize(op.broadcast_to(valid, dims)), gathered, cache)
 
 
+def _dft_matrix(length: int, n: int, inverse: bool, onesided: bool) -> np.ndarray:
+    """M such that (re + i*im) @ M is the DFT of length-``length`` signals (rows past n are 0: truncation)."""
+    if inverse and onesided:  # irfft: a Hermitian half spectrum -> n real samples
+        k, t = np.arange(length)[:, None], np.arange(n)[None, :]
+        weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0) * (k <= n // 2)
+        return weight / n * np.exp(2j * np.pi * k * t / n)
+    t, k = np.arange(length)[:, None], np.arange(n // 2 + 1 if onesided else n)[None, :]
+    m = np.exp((2j if inverse else -2j) * np.pi * t * k / n) * (t < n)
+    return m / n if inverse else m
+
+
 def dft(bb, inputs, attrs, params) -> relax.Expr:
-    """DFT as two matmuls with cos/sin matrices along ``axis`` (exact to rounding; no FFT needed for the
-    short signals of a static graph). Handles complex/real input, inverse, onesided (rfft / irfft)."""
-    x = inputs[0]
-    r = rank(x)
+    """DFT as matmuls with a cos/sin matrix along ``axis``: exact to rounding and no FFT kernel needed for
+    the (static, short) signal lengths of a compiled graph. Complex or real input, inverse, rfft, irfft."""
+    x, r = inputs[0], rank(inputs[0])
     axis = attrs.get("axis", 1)
-    if len(inputs) > 2 and inputs[2] is not None:  # opset 20: axis is an input (constant, see support)
+    if len(inputs) > 2 and inputs[2] is not None:  # opset 20: an input, a constant by support.CONSTANT_INPUTS
         axis = int(inputs[2].value.numpy())
-    axis = axis % r
+    axis %= r
     inverse, onesided = bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))
     length = shape(x)[axis]
-    n = int(inputs[1].value.numpy()) if len(inputs) > 1 and inputs[1] is not None else         (2 * (length - 1) if inverse and onesided else length)
-    perm = [d for d in range(r - 1) if d != axis] + [axis]
-    part = lambda k: bb.normalize(op.permute_dims(op.squeeze(op.strided_slice(x, [r - 1], [k], [k + 1]), [r - 1]), perm))  # noqa: E731
-    re = part(0)
-    im = part(1) if shape(x)[-1] == 2 else None
-    t = np.arange(length)[:, None]
-    if inverse and onesided:  # irfft: Hermitian-symmetric spectrum -> real signal of length n
-        k = np.arange(n // 2 + 1)[None, :]
-        weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0) / n
-        angle = 2 * np.pi * np.arange(n)[None, :] * k.T / n  # [k, t]
-        rows = min(length, n // 2 + 1)
-        cos = np.zeros((length, n)); sin = np.zeros((length, n))  # noqa: E702
-        cos[:rows], sin[:rows] = (weight.T * np.cos(angle))[:rows], (-weight.T * np.sin(angle))[:rows]
-        mats = {"re": (cos, sin)}
+    if len(inputs) > 1 and inputs[1] is not None:
+        n = int(inputs[1].value.numpy())
     else:
-        k = np.arange(n // 2 + 1 if onesided else n)[None, :]
-        angle = 2 * np.pi * t * k / n
-        cos, sin = np.cos(angle) * (t < n), np.sin(angle) * (t < n)
-        scale, sign = (1.0 / n, -1.0) if inverse else (1.0, 1.0)
-        # X = sum (re + i im)(cos -+ i sin): forward re*cos + im*sin, im*cos - re*sin
-        mats = {"re": (scale * cos, sign * scale * sin), "im": (scale * cos, -sign * scale * sin)}
-    dtype = dtype_of(x)
-    mm = lambda a, m: op.matmul(a, relax.const(m, dtype))  # noqa: E731
-    outs = []
-    for name, (mc, ms) in mats.items():
-        first, second = (re, im) if name == "re" else (im, re)
-        acc = mm(first, mc) if first is not None else None
-        if second is not None:
-            acc = op.add(acc, mm(second, ms)) if acc is not None else mm(second, ms)
-        outs.append(bb.normalize(acc if acc is not None else op.zeros_like(mm(re, mc))))
-    inv_perm = list(np.argsort(perm))
-    out = [bb.normalize(op.expand_dims(op.permute_dims(o, inv_perm), r - 1)) for o in outs]
-    return op.concat(out, axis=r - 1) if len(out) > 1 else out[0]
+        n = 2 * (length - 1) if inverse and onesided else length
+    m = _dft_matrix(length, n, inverse, onesided)
+    perm = [d for d in range(r - 1) if d != axis] + [axis]  # the transformed axis last, complex dim dropped
+
+    def component(k: int) -> relax.Expr:
+        return bb.normalize(op.permute_dims(op.squeeze(op.strided_slice(x, [r - 1], [k], [k + 1]), [r - 1]), perm))
+
+    def times(a: relax.Expr, matrix: np.ndarray) -> relax.Expr:
+        return op.matmul(a, relax.const(matrix, dtype_of(x)))
+
+    re, im = component(0), component(1) if shape(x)[-1] == 2 else None
+    parts = [times(re, m.real) if im is None else op.subtract(times(re, m.real), times(im, m.imag))]
+    if not (inverse and onesided):
+        parts.append(times(re, m.imag) if im is None else op.add(times(re, m.imag), times(im, m.real)))
+    back = list(np.argsort(perm))
+    parts = [bb.normalize(op.expand_dims(op.permute_dims(bb.normalize(p), back), r - 1)) for p in parts]
+    return op.concat(parts, axis=r - 1) if len(parts) > 1 else parts[0]
 
 
 def binarizer(bb, inputs, attrs, params) -> relax.Expr:
