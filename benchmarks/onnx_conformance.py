@@ -228,7 +228,8 @@ CATEGORIES = [
     ("element type not computed exactly (float8/4, int4/2, string)", r"element types? .*cannot|element type"),
     ("data-dependent output shape", r"data-dependent shape"),
     ("sequence / optional / map values", r"is not a tensor"),
-    ("known-wrong upstream converter refused", r"Relax converter|is not an inference computation|not supported"),
+    ("op feature refused (an attribute, output or mode not computed exactly)",
+     r"Relax converter|is not an inference computation|not supported"),
     ("no converter", r"no converter"),
 ]
 
