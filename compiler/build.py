@@ -64,6 +64,7 @@ def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) ->
     t = target.target
     # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
     lower = [
+        _alloc_empty_constants,
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
@@ -73,3 +74,21 @@ def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) ->
     graphs = {"relax.backend.use_cuda_graph": True}
     with tvm.transform.PassContext(config=graphs) if cuda_graph else contextlib.nullcontext():
         return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
+
+
+@relax.expr_functor.mutator
+class _AllocEmptyConstants(relax.PyExprMutator):
+    """A zero-size constant cannot be serialised (the library would not load): allocate it instead."""
+
+    def visit_generic_const_(self, const):
+        if 0 not in const.value.shape:
+            return const
+        return relax.op.builtin.alloc_tensor(relax.ShapeExpr(list(const.value.shape)), str(const.value.dtype), 0)
+
+
+@tvm.transform.module_pass(opt_level=0, name="AllocEmptyConstants")
+def _alloc_empty_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = _AllocEmptyConstants().visit_expr(func)
+    return mod
