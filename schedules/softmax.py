@@ -23,7 +23,7 @@ read from memory once while it fits in cache.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 import tvm
 import tvm_ffi
@@ -80,7 +80,7 @@ legalize_log_softmax = _legalize("log_softmax")
 # ---------------------------------------------------------------- CUDA plans
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CudaPlan:
     """How a row is spread over threads: ``lanes`` threads x ``per_thread`` vectors of ``vec`` elements
     per row (or per chunk of a row when ``chunks`` > 1), ``rows_per_block`` rows per thread block.
@@ -98,6 +98,11 @@ class CudaPlan:
     kernel: str = "rows"
     min_blocks: int = 0
     patience: int = 1 << 21
+
+    def __repr__(self) -> str:  # fields with non-default values only: readable in benchmark tables
+        kept = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                if f.default is MISSING or getattr(self, f.name) != f.default]
+        return f"CudaPlan({', '.join(kept)})"
 
     def regs(self) -> int:
         """32-bit registers per thread holding the cached slice as float32."""
@@ -120,19 +125,25 @@ def _block_plan(nvec: int, vec: int, max_lanes: int) -> CudaPlan:
     return CudaPlan(lanes, vec, _ceil(nvec, lanes))
 
 
-def chunk_plan(rows: int, cols: int, dtype: str, sms: int, lanes: int = 256) -> CudaPlan | None:
-    """The chunks kernel's layout: 16-byte vectors, ``lanes`` threads per block and ``_CHUNK_THREADS`` per SM,
-    each thread holding as many vectors as its registers allow, in the fewest chunks per row that hold it and
-    fill every block slot of the GPU (more lanes when there are more chunks than lanes to combine them).
-    None for a row longer than 1024 chunks of 1024 lanes hold."""
+def chunk_plan(rows: int, cols: int, dtype: str, sms: int, lanes: int = 0, chunks: int = 0) -> CudaPlan | None:
+    """The chunks kernel's layout: 16-byte vectors, blocks of 256 threads and ``_CHUNK_THREADS`` per SM, each
+    thread holding as many vectors as its registers allow, in the fewest chunks per row that hold the row and
+    fill every block slot of the GPU; or ``chunks`` chunks of ``lanes`` threads when given. None for a row
+    longer than 1024 chunks of 1024 lanes hold."""
     vec = 16 // (tvm.DataType(dtype).bits // 8)
     nvec = max(1, cols // vec)
-    for lanes in (n for n in (256, 512, 1024) if n >= lanes):
-        slots = sms * (_CHUNK_THREADS // lanes)
-        chunks = min(max(_ceil(nvec, lanes * (_CHUNK_REGS // vec)), _ceil(slots, rows)), nvec, lanes)
-        if chunks * lanes * (_CHUNK_REGS // vec) >= nvec:
-            return CudaPlan(lanes, vec, _ceil(nvec, chunks * lanes), chunks=chunks, kernel="chunks",
-                            min_blocks=max(1, _CHUNK_THREADS // lanes))
+    per = _CHUNK_REGS // vec
+
+    def plan(lanes: int, chunks: int) -> CudaPlan:
+        return CudaPlan(lanes, vec, _ceil(nvec, chunks * lanes), chunks=chunks, kernel="chunks",
+                        min_blocks=max(1, _CHUNK_THREADS // lanes))
+
+    if chunks:
+        return plan(lanes, chunks)
+    for lanes in (256, 512, 1024):  # more lanes only for more chunks than lanes (one partial per lane)
+        fit = min(max(_ceil(nvec, lanes * per), _ceil(sms * (_CHUNK_THREADS // lanes), rows)), nvec, lanes)
+        if fit * lanes * per >= nvec:
+            return plan(lanes, fit)
     return None
 
 

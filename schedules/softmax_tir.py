@@ -218,13 +218,14 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     single elements held by the first lanes of the row's last chunk.
 
     Row combine (a small kernel zeroes the flags first): a block writes its (max, sum) partial, then counts
-    itself in; the block that completes the count releases the others (each chunk's state ``_WAITING ->
-    _RELEASED``), and all read the partials. A block still waiting after ``patience`` clock cycles (more
-    chunks than the GPU holds at once, e.g. a MIG slice) gives its slice up instead (``_WAITING ->
-    _GAVE_UP``) and exits; the releasing block then normalises the given-up slices from memory. No block
-    waits on one that is not running, so no grid size can deadlock. ``min_blocks`` (>= 1) is the launch
-    bound's blocks per SM, which caps the registers per thread. ``cuda=False`` emits the same kernel with
-    serial loops and plain memory operations for the CPU, where every block but the last of a row gives up.
+    itself in, and waits until the row's count is complete; then all read the partials. A block still waiting
+    after ``patience`` clock cycles (more chunks than the GPU holds at once, e.g. a MIG slice) gives its slice
+    up instead (its state ``_WAITING -> _GAVE_UP``) and exits; the block that completes the count settles
+    every other chunk's state (``_WAITING -> _RELEASED``, one atomic each, so exactly one of the two wins)
+    and normalises the given-up slices from memory. No block waits on one that is not running, so no grid
+    size can deadlock. ``min_blocks`` (>= 1) is the launch bound's blocks per SM, which caps the registers per
+    thread. ``cuda=False`` emits the same kernel with serial loops and plain memory operations for the CPU,
+    where every block but the last of a row gives up.
     """
     L, V, J, P = lanes, vec, per_thread, chunks
     NB, NF = rows * P, rows * (P + 1)  # blocks; flags: each chunk's handshake state, then each row's count
@@ -405,7 +406,7 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     for l in loop(L, "threadIdx.x"):
                         with T.sblock("handshake"):
                             vb, vl = T.axis.remap("SS", [b, l])
-                            T.reads(last[vb, vl], flags[row(vb) * P:row(vb) * P + P])
+                            T.reads(last[vb, vl], flags[row(vb) * P:row(vb) * P + P], flags[NB + row(vb)])
                             T.writes(sh[vb, 1], redo[vb, 0:P], flags[row(vb) * P:row(vb) * P + P])
                             if last[vb, vl] == 1:  # the last to arrive: release the others, note who gave up
                                 if vl == 0:
@@ -421,14 +422,16 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                             redo[vb, vl] = T.Cast("int32", flags[row(vb) * P + vl] == _GAVE_UP)
                                             flags[row(vb) * P + vl] = T.Select(
                                                 flags[row(vb) * P + vl] == _WAITING, _RELEASED, flags[row(vb) * P + vl])
-                            elif vl == 0:  # wait to be released, or give the slice up
-                                if cuda:
+                            elif vl == 0:  # wait for the row's count, or give the slice up
+                                if cuda:  # (__ldcg is volatile: read from L2 on every iteration)
                                     t0 = T.call_extern("int64", "clock64")
-                                    while T.call_extern("int32", "atomicOr", T.address_of(
-                                            flags[vb]), 0) == _WAITING and T.call_extern("int64", "clock64") - t0 < T.int64(patience):
+                                    while T.call_extern("int32", "__ldcg", T.address_of(flags[NB + row(vb)])) < P and (
+                                            T.call_extern("int64", "clock64") - t0 < T.int64(patience)):
                                         T.evaluate(0)
-                                    sh[vb, 1] = T.Cast("int32", T.call_extern(
-                                        "int32", "atomicCAS", T.address_of(flags[vb]), _WAITING, _GAVE_UP) == _WAITING)
+                                    sh[vb, 1] = 0
+                                    if T.call_extern("int32", "__ldcg", T.address_of(flags[NB + row(vb)])) < P:
+                                        sh[vb, 1] = T.Cast("int32", T.call_extern(
+                                            "int32", "atomicCAS", T.address_of(flags[vb]), _WAITING, _GAVE_UP) == _WAITING)
                                     T.evaluate(T.call_extern("void", "__threadfence"))
                                 else:
                                     sh[vb, 1] = T.Cast("int32", flags[vb] == _WAITING)
