@@ -395,7 +395,6 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                     T.evaluate(T.call_extern("void", "__threadfence"))
                                     sh[vb, 0] = T.Cast("int32", T.call_extern(
                                         "int32", "atomicAdd", T.address_of(flags[NB + row(vb)]), 1) == P - 1)
-                                    T.evaluate(T.call_extern("void", "__threadfence"))
                                 else:
                                     flags[NB + row(vb)] = flags[NB + row(vb)] + 1
                                     sh[vb, 0] = T.Cast("int32", flags[NB + row(vb)] == P)
@@ -411,6 +410,8 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             if last[vb, vl] == 1:  # the last to arrive: release the others, note who gave up
                                 if vl == 0:
                                     sh[vb, 1] = 0
+                                    if cuda:  # the partials written before the others' counts are visible now
+                                        T.evaluate(T.call_extern("void", "__threadfence"))
                                 if vl < P:
                                     redo[vb, vl] = 0
                                     if vl != vb % P:
