@@ -288,13 +288,21 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         """This block still owns its slice (it did not give it up)."""
         return gone[b, l] == 0 if P > 1 else tirx.const(True)
 
-    def stat(g, blk, b):
-        """The row's statistic: the row combine's (chunks > 1) or the block's."""
-        return g[b] if P > 1 else blk[b]
+    def from_l2(buf, i):
+        """``buf[i]`` written by other blocks: from L2 on the GPU (L1 is not coherent across blocks)."""
+        return T.call_extern(buf.dtype, "__ldcg", T.address_of(buf[i])) if cuda else buf[i]
 
-    def out(xv, ev, scale, m, s):
+    def stats(gmax, gsum, bmax, bsum, b):
+        """The row's (max, sum): the row combine's (chunks > 1) or the block's."""
+        return (gmax[b], gsum[b]) if P > 1 else (bmax[b], bsum[b])
+
+    def scale_of(tmax, st):
+        """A thread's output scale ``exp(m_t - M) / S``."""
+        return T.exp(tmax - st[0]) * (T.float32(1) / st[1])
+
+    def out(xv, ev, scale, st):
         """Output element from the kept exponential ev (times the thread's scale) or the cached input xv."""
-        return T.Cast(dtype, ev * scale) if keep else value(xv, m, s)
+        return T.Cast(dtype, ev * scale) if keep else value(xv, *st)
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
@@ -424,15 +432,16 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                             flags[row(vb) * P + vl] = T.Select(
                                                 flags[row(vb) * P + vl] == _WAITING, _RELEASED, flags[row(vb) * P + vl])
                             elif vl == 0:  # wait for the row's count, or give the slice up
-                                if cuda:  # (__ldcg is volatile: read from L2 on every iteration)
+                                if cuda:  # (__ldcg is volatile: read again on every iteration)
                                     t0 = T.call_extern("int64", "clock64")
-                                    while T.call_extern("int32", "__ldcg", T.address_of(flags[NB + row(vb)])) < P and (
+                                    while from_l2(flags, NB + row(vb)) < P and (
                                             T.call_extern("int64", "clock64") - t0 < T.int64(patience)):
                                         T.evaluate(0)
                                     sh[vb, 1] = 0
-                                    if T.call_extern("int32", "__ldcg", T.address_of(flags[NB + row(vb)])) < P:
+                                    if from_l2(flags, NB + row(vb)) < P:
                                         sh[vb, 1] = T.Cast("int32", T.call_extern(
-                                            "int32", "atomicCAS", T.address_of(flags[vb]), _WAITING, _GAVE_UP) == _WAITING)
+                                            "int32", "atomicCAS", T.address_of(flags[vb]), _WAITING, _GAVE_UP
+                                        ) == _WAITING)
                                     T.evaluate(T.call_extern("void", "__threadfence"))
                                 else:
                                     sh[vb, 1] = T.Cast("int32", flags[vb] == _WAITING)
@@ -449,12 +458,8 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             pm[vb, vl] = T.min_value(ACC)
                             ps[vb, vl] = T.float32(0)
                             if vl < P:
-                                if cuda:  # from L2: L1 is not coherent across blocks
-                                    pm[vb, vl] = T.call_extern(ACC, "__ldcg", T.address_of(part[(row(vb) * P + vl) * 2]))
-                                    ps[vb, vl] = T.call_extern(ACC, "__ldcg", T.address_of(part[(row(vb) * P + vl) * 2 + 1]))
-                                else:
-                                    pm[vb, vl] = part[(row(vb) * P + vl) * 2]
-                                    ps[vb, vl] = part[(row(vb) * P + vl) * 2 + 1]
+                                pm[vb, vl] = from_l2(part, (row(vb) * P + vl) * 2)
+                                ps[vb, vl] = from_l2(part, (row(vb) * P + vl) * 2 + 1)
                     for l in loop(L, "threadIdx.x"):
                         with T.sblock("row_max"):
                             vb, vl = T.axis.remap("SR", [b, l])
@@ -471,13 +476,13 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     if keep:
                         with T.sblock("scale"):
                             vb, vl = T.axis.remap("SS", [b, l])
-                            sc[vb, vl] = T.exp(tmax[vb, vl] - stat(gmax, bmax, vb)) * (T.float32(1) / stat(gsum, bsum, vb))
+                            sc[vb, vl] = scale_of(tmax[vb, vl], stats(gmax, gsum, bmax, bsum, vb))
                     for j in T.unroll(J):  # per vector: normalise in registers (unrolled), then one vector store
                         for v in T.unroll(V):
                             with T.sblock("normalize"):
                                 vb, vj, vl, vv = T.axis.remap("SSSS", [b, j, l, v])
-                                yc[vb, vj, vl, vv] = out(
-                                    xc[vb, vj, vl, vv], ec[vb, vj, vl, vv], sc[vb, vl], stat(gmax, bmax, vb), stat(gsum, bsum, vb))
+                                yc[vb, vj, vl, vv] = out(xc[vb, vj, vl, vv], ec[vb, vj, vl, vv], sc[vb, vl],
+                                                         stats(gmax, gsum, bmax, bsum, vb))
                         for v in vloop(V):
                             with T.sblock("store"):
                                 vb, vj, vl, vv = T.axis.remap("SSSS", [b, j, l, v])
@@ -488,7 +493,7 @@ def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             vb, vl = T.axis.remap("SS", [b, l])
                             if kept(gone, vb, vl) and in_edge(vb, vb % P, vl):
                                 y[row(vb), edge_col(vl)] = out(
-                                    xe[vb, vl], ee[vb, vl], sc[vb, vl], stat(gmax, bmax, vb), stat(gsum, bsum, vb))
+                                    xe[vb, vl], ee[vb, vl], sc[vb, vl], stats(gmax, gsum, bmax, bsum, vb))
                 if P > 1:  # the releasing block normalises the slices given up, from memory
                     for l in loop(L, "threadIdx.x"):
                         for q in range(P):

@@ -86,7 +86,8 @@ def test_cuda_definitions_on_cpu(rng):
              for plan in sorted(_plans(cols, dtype), key=repr) for kind in S.KINDS]
     for dtype in S.DTYPES:
         vec = 16 // np.dtype(dtype).itemsize
-        cases += [(cols, dtype, kind, S._split_plan(7, cols // vec, vec, 132)) for cols in (4096, 65536) for kind in S.KINDS]
+        cases += [(cols, dtype, kind, S._split_plan(7, cols // vec, vec, 132))
+                  for cols in (4096, 65536) for kind in S.KINDS]
     _run_on_cpu(cases, rng)
 
 
