@@ -55,11 +55,13 @@ VARIANTS = [
     (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 8, "kernel": "split"}),  # old
     (128, 131072, "float32", {"kernel": "chunks", "lanes": 256, "chunks": 16}),
     (128, 131072, "float32", {"kernel": "chunks", "lanes": 512, "chunks": 8}),
+    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "chunks": 8, "kernel": "split"}),  # old
     (128, 131072, "float16", {"kernel": "chunks", "lanes": 256, "chunks": 16}),
     (128, 131072, "float16", {"kernel": "chunks", "lanes": 512, "chunks": 8}),
     (16, 1048576, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 64, "kernel": "split"}),  # old
     (16, 1048576, "float32", {"kernel": "chunks", "lanes": 256, "chunks": 128}),
     (16, 1048576, "float32", {"kernel": "chunks", "lanes": 512, "chunks": 64}),
+    (16, 1048576, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "chunks": 64, "kernel": "split"}),  # old
     (16, 1048576, "float16", {"kernel": "chunks", "lanes": 256, "chunks": 128}),
     (16, 1048576, "float16", {"kernel": "chunks", "lanes": 512, "chunks": 64}),
     (4096, 50257, "float32", {"lanes": 1024, "vec": 1, "per_thread": 50}),  # the best old layout
