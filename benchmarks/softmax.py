@@ -4,7 +4,8 @@ GPU; against numpy and onnxruntime on the CPU.
 
 GPU, in two steps (the GPU machine has TVM's runtime only, so everything is compiled here first):
     python3 benchmarks/softmax.py --build            # here: all kernels -> build/gpu/softmax/ (one library)
-    python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png and
+    python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png,
+                                                     #   DIR/softmax-variants-<device>.json (other layouts) and
                                                      #   DIR/softmax-check-<device>.json (odd sizes, special values)
 CPU, here:          python3 benchmarks/softmax.py --cpu --out benchmarks/results
 Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) benchmarks/results/softmax-h200.json
