@@ -56,10 +56,15 @@ def compile_model(
     options: Options | None = None,
 ) -> dict:
     """Compile an ONNX file for a named target into a package; return its manifest."""
+    options = options or Options()
+    return compile_prepared(prepare(model, target, shapes, options), output, options)
+
+
+def compile_prepared(prep: Prepared, output: str | Path, options: Options | None = None) -> dict:
+    """The stages after ``prepare``: tuning log / DLight, build, package; return the manifest."""
     import tvm
 
     options = options or Options()
-    prep = prepare(model, target, shapes, options)
     info, imported, hand = prep.target, prep.imported, prep.hand
     log = tuning.find_log(info, prep.key) if options.tuning_log == "auto" else options.tuning_log
     mod, provenance, log_info = tuning.apply(prep.mod, info, log)
@@ -81,7 +86,7 @@ def compile_model(
         },
         "inputs": [s.to_json() for s in imported.inputs],
         "outputs": [s.to_json() for s in imported.outputs],
-        "source_model": {"file": Path(model).name, "sha256": imported.sha256, "opset": imported.opset},
+        "source_model": {"file": Path(imported.source).name, "sha256": imported.sha256, "opset": imported.opset},
         "passes": prep.passes,
         "options": {"fusion": options.fusion, "custom_schedules": options.custom_schedules, **options.extra},
         "kernels": kernels,

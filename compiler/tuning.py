@@ -67,18 +67,24 @@ def _dlight_rules(target: TargetInfo) -> list:
     return []
 
 
-def _open_log(log: str | Path) -> object:
+def _open_log(log: str | Path, target: TargetInfo) -> object:
     """The MetaSchedule database of a log directory, or a clear error."""
     path = Path(log)
     if not tuning_log.exists(path):
         raise TvmpipeError(f"tuning log not found: {path} (expected {tuning_log.WORKLOADS} and {tuning_log.RECORDS})")
+    report = path / tuning_log.REPORT
+    tuned_for = json.loads(report.read_text())["target"]["spec"] if report.is_file() else target.spec
+    if tuned_for != target.spec:
+        warnings.warn(f"tuning log {path} was made for {tuned_for}, this target is {target.spec}: "
+                      "its schedules apply, their speed may differ here")
     return tuning_log.database(path, tuning_log.read(path))
 
 
 def apply(mod: tvm.IRModule, target: TargetInfo, log: str | Path | None = None) -> tuple[tvm.IRModule, dict, dict | None]:
     """Schedule every kernel not yet scheduled, from the log first; return the module, {kernel: provenance}
     and what the manifest records about the log (None without one)."""
-    database = _open_log(log) if log is not None else None
+    database = _open_log(log, target) if log is not None else None
+    mod = mod.clone()  # the caller's module stays as it was (compile it again with another log)
     prims = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)}
     if database is not None and needs_tensor_intrinsics(prims.values()):
         from tvm.s_tir import tensor_intrin  # noqa: F401  (tuned traces may tensorize: replaying needs the registry)

@@ -47,6 +47,7 @@ import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
 from . import tuning, tuning_log
@@ -215,7 +216,7 @@ class _Lines:
     """Where tqdm is not installed (a bare device machine): one progress line per batch."""
 
     def __init__(self, total: int, initial: int):
-        self.n, self.total, self.t0, self.postfix = initial, total, time.time(), ""
+        self.n, self.total, self.t0 = initial, total, time.time()
 
     def update(self, n: int) -> None:
         self.n += n
@@ -262,7 +263,7 @@ def plot(report: dict, path: Path) -> None:
     except ImportError:
         warnings.warn(f"matplotlib is not installed: {path.name} not written")
         return
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 8), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 10), sharex=True, height_ratios=(2, 3))
     last = max(report["trials"], 1)
     for ax, curves in ((top, [("total", report["curve_total_us"])]),
                        (bottom, [(t["name"], t["curve_us"]) for t in report["tasks"]])):
@@ -276,16 +277,27 @@ def plot(report: dict, path: Path) -> None:
     top.set_title(f"{Path(report['model']).name} on {report['target']['name']}: {report['cost_model']} cost model")
     bottom.set_ylabel("best latency per kernel (us)")
     bottom.set_xlabel("trials")
-    bottom.legend(fontsize=6, ncol=2, loc="upper right")
+    bottom.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _seen(database, tasks: list[Task], lines: tuning_log.Lines) -> tuple[list[tuple[int, float | None]], list[list]]:
-    """The log's measurements of these tasks in order, and its records grouped by task."""
+def _open(prep, log_dir: Path, tasks: list[Task], resume: bool) -> tuple:
+    """The log under the caller's lock, repaired and checked: (database, its measurements of these tasks in
+    order, its records grouped by task, seconds spent by earlier runs)."""
     from tvm.s_tir.meta_schedule.database import Workload
 
+    lines = tuning_log.repaired(log_dir)
+    report = log_dir / tuning_log.REPORT
+    previous = json.loads(report.read_text()) if report.is_file() else {}
+    if lines.records and not resume:
+        raise TvmpipeError(f"{log_dir} already holds {len(lines.records)} tuning records: pass --resume to "
+                           "continue that job, or --log-dir for a new one")
+    if previous.get("model_key", prep.key) != prep.key:
+        raise TvmpipeError(f"{log_dir} is the log of another model (key {previous['model_key']}, this one is "
+                           f"{prep.key}): use another --log-dir")
+    database = tuning_log.database(log_dir)
     by_hash = {tvm_ffi.structural_hash(t.mod): i for i, t in enumerate(tasks)}
     task_of_line = [by_hash.get(tvm_ffi.structural_hash(Workload.from_json(json.loads(w)).mod)) for w in lines.workloads]
     history = [(task_of_line[w], secs) for w, secs in lines.measurements() if task_of_line[w] is not None]
@@ -294,36 +306,50 @@ def _seen(database, tasks: list[Task], lines: tuning_log.Lines) -> tuple[list[tu
         task = by_hash.get(tvm_ffi.structural_hash(record.workload.mod))
         if task is not None:
             records[task].append(record)
-    return history, records
+    return database, history, records, previous.get("elapsed_s", 0.0) if resume else 0.0
+
+
+def _contexts(job: Job, records: list[list], target, population: int, cores: int, seed: int | None) -> list:
+    """One TuneContext per task: the evolutionary search, minus what the log already measured."""
+    contexts = []
+    for task, recs, rand in zip(job.tasks, records, ms.utils.fork_seed(seed, len(job.tasks))):
+        measured = {tvm_ffi.structural_hash(r.as_measure_candidate().sch.mod) for r in recs}
+        search = _SkipMeasured(ms.search_strategy.EvolutionarySearch(population_size=population), measured, job)
+        contexts.append(ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                                       search_strategy=search, task_name=task.name, rand_state=rand, num_threads=cores,
+                                       logger=logging.getLogger(f"tvm.s_tir.meta_schedule.task.{task.name}")))
+    return contexts
+
+
+def _cost_model(kind: str, contexts: list, records: list[list], cores: int, seed: int | None):
+    """XGBoost without warm-up (module docstring), trained on the log; or random scores."""
+    if kind == "random":
+        return ms.cost_model.RandomModel(seed=seed)
+    model = ms.cost_model.XGBModel(num_warmup_samples=0, num_tuning_cores=cores)
+    for ctx, recs in zip(contexts, records):
+        model.update(ctx, [r.as_measure_candidate() for r in recs],
+                     [ms.runner.RunnerResult([float(s) for s in r.run_secs], None) for r in recs])
+    return model
 
 
 def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False, cost_model: str = "xgb",
          rpc: str | None = None, rpc_key: str | None = None, seed: int | None = None) -> dict:
-    """Tune ``prep`` (``pipeline.prepare``) until the log holds ``trials`` measurements; return the report."""
+    """Tune ``prep`` (``pipeline.prepare``) until the log holds ``trials`` measurements; return the report.
+    Ctrl-C / SIGINT stops it cleanly (report written), then raises KeyboardInterrupt."""
     if cost_model not in COST_MODELS:
         raise TvmpipeError(f"unknown cost model '{cost_model}' (choose from {', '.join(COST_MODELS)})")
     if trials < 1:
         raise TvmpipeError(f"--trials must be at least 1 (got {trials})")
-    target = prep.target.target
     log_dir = Path(log_dir) if log_dir is not None else tuning.log_dir(prep.target, prep.key)
-    extracted = extract(prep)
-    if not extracted:
-        raise TvmpipeError(f"{prep.imported.source}: nothing to tune, every kernel is hand-scheduled ({', '.join(prep.hand)})")
+    tasks = [Task(t.task_name, t.dispatched[0], int(t.weight), max(1.0, estimate_tir_flops(t.dispatched[0])))
+             for t in extract(prep)]
+    if not tasks:
+        raise TvmpipeError(f"{prep.imported.source}: nothing to tune, every kernel is hand-scheduled "
+                           f"({', '.join(prep.hand)})")
     runner = _runner(rpc, rpc_key)
     cores = len(os.sched_getaffinity(0))
     with tuning_log.locked(log_dir):
-        lines = tuning_log.repaired(log_dir)
-        previous = json.loads((log_dir / tuning_log.REPORT).read_text()) if (log_dir / tuning_log.REPORT).is_file() else {}
-        if lines.records and not resume:
-            raise TvmpipeError(f"{log_dir} already holds {len(lines.records)} tuning records: pass --resume to "
-                               "continue that job, or --log-dir for a new one")
-        if previous.get("model_key", prep.key) != prep.key:
-            raise TvmpipeError(f"{log_dir} is the log of another model (key {previous['model_key']}, this one is "
-                               f"{prep.key}): use another --log-dir")
-        database = tuning_log.database(log_dir)
-        tasks = [Task(t.task_name, t.dispatched[0], int(t.weight),
-                      max(1.0, tvm.s_tir.analysis.estimate_tir_flops(t.dispatched[0]))) for t in extracted]
-        history, records = _seen(database, tasks, lines)
+        database, history, records, elapsed_before = _open(prep, log_dir, tasks, resume)
         remaining = trials - len(history)
         per_batch = max(8, min(64, remaining // (4 * len(tasks))))
         population = min(512, max(128, 64 * cores))
@@ -332,7 +358,7 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
                 "runner": f"rpc {rpc} key {rpc_key}" if rpc else "local", "trials_budget": trials,
                 "search": {"population_size": population, "trials_per_batch": per_batch, "num_warmup_samples": 0},
                 "hand_scheduled": sorted(prep.hand)}
-        job = Job(meta, tasks, log_dir, elapsed_before=previous.get("elapsed_s", 0.0) if resume else 0.0)
+        job = Job(meta, tasks, log_dir, elapsed_before=elapsed_before)
         for task, secs in history:
             job.add(task, secs)
         if remaining <= 0:
@@ -340,20 +366,9 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
             return _finish(job, "complete")
         if history:
             print(f"resuming {log_dir}: {len(history)} of {trials} trials measured, {remaining} to go", file=sys.stderr)
+        contexts = _contexts(job, records, prep.target.target, population, cores, seed)
+        model = _cost_model(cost_model, contexts, records, cores, seed)
         intrinsics = tuning.needs_tensor_intrinsics(t.mod["main"] for t in tasks)
-        contexts = [
-            ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
-                           search_strategy=_SkipMeasured(ms.search_strategy.EvolutionarySearch(population_size=population),
-                                                         {tvm_ffi.structural_hash(r.as_measure_candidate().sch.mod)
-                                                          for r in recs}, job),
-                           task_name=t.name, rand_state=s, num_threads=cores,
-                           logger=logging.getLogger(f"tvm.s_tir.meta_schedule.task.{t.name}"))
-            for t, recs, s in zip(tasks, records, ms.utils.fork_seed(seed, len(tasks)))]
-        model = ms.cost_model.XGBModel(num_warmup_samples=0, num_tuning_cores=cores) if cost_model == "xgb" \
-            else ms.cost_model.RandomModel(seed=seed)
-        for ctx, recs in zip(contexts, records):  # what the log measured trains the model before the first batch
-            model.update(ctx, [r.as_measure_candidate() for r in recs],
-                         [ms.runner.RunnerResult([float(s) for s in r.run_secs], None) for r in recs])
         bar = _bar(trials, len(history))
         status = "failed"
         with _meta_schedule_log(log_dir / "logs" / "meta_schedule.log"), _stop_on_sigint(job):
@@ -369,9 +384,9 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
             finally:
                 bar.close()
                 _finish(job, status)
-        if job.stopping:
-            raise KeyboardInterrupt  # the CLI's "tvmpipe: interrupted", exit 130
-        return job.report(status)
+    if job.stopping:
+        raise KeyboardInterrupt  # the CLI's "tvmpipe: interrupted", exit 130
+    return job.report(status)
 
 
 def _finish(job: Job, status: str) -> dict:
