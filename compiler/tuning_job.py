@@ -93,7 +93,11 @@ class Job:
     history: list[tuple[int, float | None]] = field(default_factory=list)  # (task, seconds or None), in order
     started: float = field(default_factory=time.time)
     elapsed_before: float = 0.0  # seconds spent by earlier runs of this job (resume)
+    compacted_away: int = 0  # measurements that --compact removed from the log (they count, but are not in history)
     stopping: bool = False  # Ctrl-C / SIGINT: stop after the batch in flight
+
+    def trials(self) -> int:
+        return self.compacted_away + len(self.history)
 
     def add(self, task: int, secs: float | None) -> None:
         self.tasks[task].add(secs)
@@ -109,13 +113,13 @@ class Job:
         best: list[float | None] = [None] * len(self.tasks)
         per_task: list[list] = [[] for _ in self.tasks]
         total: list[list] = []
-        for n, (i, secs) in enumerate(self.history, 1):
+        for n, (i, secs) in enumerate(self.history, 1 + self.compacted_away):
             if secs is not None and (best[i] is None or secs < best[i]):
                 best[i] = secs
                 per_task[i].append([n, secs * 1e6])
                 if all(b is not None for b in best):
                     total.append([n, sum(t.weight * b for t, b in zip(self.tasks, best)) * 1e6])
-        return {**self.meta, "status": status, "trials": len(self.history),
+        return {**self.meta, "status": status, "trials": self.trials(), "compacted_away": self.compacted_away,
                 "elapsed_s": round(self.elapsed_before + time.time() - self.started, 1),
                 "estimated_total_us": self.estimate_us(),
                 "tasks": [{**t.row(), "curve_us": c} for t, c in zip(self.tasks, per_task)],
@@ -277,7 +281,8 @@ def plot(report: dict, path: Path) -> None:
     top.set_title(f"{Path(report['model']).name} on {report['target']['name']}: {report['cost_model']} cost model")
     bottom.set_ylabel("best latency per kernel (us)")
     bottom.set_xlabel("trials")
-    bottom.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    if bottom.lines:
+        bottom.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -285,7 +290,7 @@ def plot(report: dict, path: Path) -> None:
 
 def _open(prep, log_dir: Path, tasks: list[Task], resume: bool) -> tuple:
     """The log under the caller's lock, repaired and checked: (database, its measurements of these tasks in
-    order, its records grouped by task, seconds spent by earlier runs)."""
+    order, its records grouped by task, the report of earlier runs or {})."""
     from tvm.s_tir.meta_schedule.database import Workload
 
     lines = tuning_log.repaired(log_dir)
@@ -306,7 +311,7 @@ def _open(prep, log_dir: Path, tasks: list[Task], resume: bool) -> tuple:
         task = by_hash.get(tvm_ffi.structural_hash(record.workload.mod))
         if task is not None:
             records[task].append(record)
-    return database, history, records, previous.get("elapsed_s", 0.0) if resume else 0.0
+    return database, history, records, previous if resume else {}
 
 
 def _contexts(job: Job, records: list[list], target, population: int, cores: int, seed: int | None) -> list:
@@ -349,8 +354,14 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
     runner = _runner(rpc, rpc_key)
     cores = len(os.sched_getaffinity(0))
     with tuning_log.locked(log_dir):
-        database, history, records, elapsed_before = _open(prep, log_dir, tasks, resume)
-        remaining = trials - len(history)
+        database, history, records, previous = _open(prep, log_dir, tasks, resume)
+        done = previous.get("compacted_away", 0) + len(history)
+        if done >= trials:
+            print(f"{log_dir} already holds {done} trials of this model (budget {trials}): nothing to do")
+            if previous:
+                print(summary(previous))
+            return previous
+        remaining = trials - done
         per_batch = max(8, min(64, remaining // (4 * len(tasks))))
         population = min(512, max(128, 64 * cores))
         meta = {"model": str(prep.imported.source), "model_key": prep.key,
@@ -358,18 +369,16 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
                 "runner": f"rpc {rpc} key {rpc_key}" if rpc else "local", "trials_budget": trials,
                 "search": {"population_size": population, "trials_per_batch": per_batch, "num_warmup_samples": 0},
                 "hand_scheduled": sorted(prep.hand)}
-        job = Job(meta, tasks, log_dir, elapsed_before=elapsed_before)
+        job = Job(meta, tasks, log_dir, elapsed_before=previous.get("elapsed_s", 0.0),
+                  compacted_away=previous.get("compacted_away", 0))
         for task, secs in history:
             job.add(task, secs)
-        if remaining <= 0:
-            print(f"{log_dir} already holds {len(history)} trials of this model (budget {trials}): nothing to do")
-            return _finish(job, "complete")
-        if history:
-            print(f"resuming {log_dir}: {len(history)} of {trials} trials measured, {remaining} to go", file=sys.stderr)
+        if done:
+            print(f"resuming {log_dir}: {done} of {trials} trials measured, {remaining} to go", file=sys.stderr)
         contexts = _contexts(job, records, prep.target.target, population, cores, seed)
         model = _cost_model(cost_model, contexts, records, cores, seed)
         intrinsics = tuning.needs_tensor_intrinsics(t.mod["main"] for t in tasks)
-        bar = _bar(trials, len(history))
+        bar = _bar(trials, done)
         status = "failed"
         with _meta_schedule_log(log_dir / "logs" / "meta_schedule.log"), _stop_on_sigint(job):
             try:
@@ -389,11 +398,10 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
     return job.report(status)
 
 
-def _finish(job: Job, status: str) -> dict:
+def _finish(job: Job, status: str) -> None:
     report = job.save(status)
     plot(report, job.log_dir / tuning_log.CURVE)
     print(summary(report))
-    return report
 
 
 @contextmanager

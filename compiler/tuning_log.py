@@ -102,6 +102,7 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.writelines(line + "\n" for line in lines)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would lock other users out of a shared log
     os.replace(tmp, path)
 
 
@@ -161,7 +162,8 @@ def locked(log_dir: Path) -> Iterator[None]:
 
 def compact(log_dir: Path, keep: int) -> tuple[int, int]:
     """Keep the ``keep`` fastest working records of each workload (in their original order); return
-    (records before, records after). Failed candidates go too, so a resumed job may try them again."""
+    (records before, records after). Failed candidates go too, so a resumed job may try them again; the report
+    counts what went (``compacted_away``), so that ``--resume`` still counts it toward the budget."""
     with locked(log_dir):
         lines = repaired(log_dir)
         by_workload: dict[int, list[tuple[float, int]]] = {}
@@ -170,4 +172,8 @@ def compact(log_dir: Path, keep: int) -> tuple[int, int]:
                 by_workload.setdefault(workload, []).append((secs, i))
         kept = sorted(i for ranked in by_workload.values() for _, i in sorted(ranked)[:keep])
         _write_lines(log_dir / RECORDS, [lines.records[i] for i in kept])
+        if (log_dir / REPORT).is_file():
+            report = json.loads((log_dir / REPORT).read_text())
+            report["compacted_away"] = report.get("compacted_away", 0) + len(lines.records) - len(kept)
+            write_json(log_dir / REPORT, report)
     return len(lines.records), len(kept)

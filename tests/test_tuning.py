@@ -161,6 +161,9 @@ def test_compact_keeps_the_best(capsys, tmp_path, model, tuned):
     assert r.code == 0 and "kept 2 of 8 records" in r.out, r.err
     after = _database(log).get_all_tuning_records()
     assert [str(r.trace) for r in after] == [str(r.trace) for r in before[:2]]
+    # the 6 records compacted away still count toward the budget of a resumed job
+    r = run_cli(capsys, "tune", model, "--target", "cpu", "--trials", "8", "--log-dir", log, "--resume")
+    assert r.code == 0 and "already holds 8 trials" in r.out, r.out + r.err
 
 
 def test_hand_scheduled_kernels_are_not_tuned(model):
