@@ -100,6 +100,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.trials is None and not args.compact:
         raise TvmpipeError("tune needs --trials N (tune), --compact (shrink the log), or both")
+    if args.keep < 1:
+        raise TvmpipeError(f"--keep must be at least 1 (got {args.keep})")
     options = Options(fusion=not args.no_fusion, custom_schedules=not args.no_custom_schedules)
     prep = prepare(args.model, args.target, _shapes(args.input_shape), options)
     log_dir = Path(args.log_dir) if args.log_dir else tuning.log_dir(prep.target, prep.key)
