@@ -235,8 +235,9 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
     """One tracker, two servers: the measurements go through both."""
     port = _free_port()
     py = [sys.executable, "-m"]
+    # each serves from a child process: a session of its own lets the test end both (os.killpg)
     procs = [subprocess.Popen(py + ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                                    "--port-end", str(port + 1)], stderr=subprocess.DEVNULL)]
+                                    "--port-end", str(port + 1)], stderr=subprocess.DEVNULL, start_new_session=True)]
     logs = [tmp_path / f"server{i}.log" for i in range(2)]
     try:
         time.sleep(2)
@@ -245,7 +246,7 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
             with open(path, "w") as f:
                 procs.append(subprocess.Popen(py + ["tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key",
                                                     "test", "--host", "127.0.0.1", "--port", str(p),
-                                                    "--port-end", str(p + 1)], stderr=f))
+                                                    "--port-end", str(p + 1)], stderr=f, start_new_session=True))
         from tvm import rpc
 
         deadline = time.time() + 120
@@ -260,5 +261,5 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
         assert all("load_module" in path.read_text() for path in logs)
     finally:
         for p in procs:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
