@@ -16,6 +16,10 @@ from .common import largest_divisor, vector_shape
 
 
 PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs more than it saves
+# Inlining a block read twice by its consumer doubles the expression: long chains of such blocks (integer
+# Pow by repeated squaring has ~400) grow exponentially and exhaust memory in lowering. Real elementwise
+# epilogues are far shorter than this.
+MAX_BLOCKS = 32
 
 
 class CpuElementwise(ScheduleRule):
@@ -26,7 +30,7 @@ class CpuElementwise(ScheduleRule):
             return None
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(get_root_block(sch))
-        if any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
+        if len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
             return None
         for block in blocks[:-1]:
             try:
