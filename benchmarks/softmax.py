@@ -163,7 +163,7 @@ def pipeline_kernel(rows: int, cols: int, dtype: str, kind: str, target, custom:
         bb.emit_func_output(gv)
     mod, _ = passes.optimize(bb.get(), target, legalize=schedules.legalizations() if custom else {})
     mod, hand = schedules.apply(mod, target, enabled=custom)
-    mod, provenance = tuning.apply(mod, target)
+    mod, provenance, _ = tuning.apply(mod, target)
     ((gvar, func),) = [(g, f) for g, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
     name = gvar.name_hint
     return func, f"hand:{hand[name]}" if name in hand else provenance[name]

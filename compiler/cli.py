@@ -104,6 +104,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     report = inspect_model(args.model, args.target, _shapes(args.input_shape),
                            fusion="none" if args.no_fusion else "tvmpipe", dump_dir=args.dump_ir)
     print(json.dumps(report) if args.json else format_text(report))
+    return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
