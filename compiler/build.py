@@ -6,6 +6,7 @@ The passes before this one already lowered and fused (``passes``) and scheduled 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,17 +53,42 @@ def _unbound_gpu_kernels(mod: tvm.IRModule) -> list[str]:
     ]
 
 
-def build(mod: tvm.IRModule, target: TargetInfo) -> Built:
-    """Lower the Relax dataflow to VM code and compile all kernels for ``target``."""
+def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) -> Built:
+    """Lower the Relax dataflow to VM code and compile all kernels for ``target``.
+
+    ``cuda_graph``: the CUDA finalisation (RewriteCUDAGraph) captures the statically planned part of
+    ``main`` into a CUDA graph on the first call and replays it afterwards: one launch per call.
+    """
     if target.is_gpu and (unbound := _unbound_gpu_kernels(mod)):
         raise RuntimeError(f"kernels left unscheduled for {target.name} (no thread binding): {', '.join(unbound)}")
     t = target.target
     # relax.pipeline.dataflow_lower_passes() cannot be used: the backends' __init__ does not export it.
     lower = [
+        _alloc_empty_constants,
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
         relax.transform.CallTIRRewrite(),
     ]
     pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
-    return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
+    graphs = {"relax.backend.use_cuda_graph": True}
+    with tvm.transform.PassContext(config=graphs) if cuda_graph else contextlib.nullcontext():
+        return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
+
+
+@relax.expr_functor.mutator
+class _AllocEmptyConstants(relax.PyExprMutator):
+    """A zero-size constant cannot be serialised (the library would not load): allocate it instead."""
+
+    def visit_generic_const_(self, const):
+        if 0 not in const.value.shape:
+            return const
+        return relax.op.builtin.alloc_tensor(relax.ShapeExpr(list(const.value.shape)), str(const.value.dtype), 0)
+
+
+@tvm.transform.module_pass(opt_level=0, name="AllocEmptyConstants")
+def _alloc_empty_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = _AllocEmptyConstants().visit_expr(func)
+    return mod

@@ -84,10 +84,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     manifest, out, secs = _compile(
         args.model, args.target, args.output, _shapes(args.input_shape),
         fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules,
-        extra={"plugins": plugins} if plugins else {},
+        precision=args.precision, cuda_graph=args.cuda_graph, extra={"plugins": plugins} if plugins else {},
+        tuning_log=None if args.no_tuning_log else args.tuning_log or "auto",
     )
     gpu = manifest.get("gpu_code")
     extra = f", GPU code: {gpu['format']} ({' + '.join(gpu['images'])})" if gpu else ""
+    log = manifest["tuning_log"]
+    extra += f", {log['tuned_kernels']} kernels tuned (log {log['path']})" if log else ""
     print(
         f"compiled {args.model} for {manifest['target']['name']} ({manifest['target']['summary']}) -> {out}: "
         f"{len(manifest['kernels'])} kernels, {_human_bytes(out.stat().st_size)}{extra}, {secs:.1f} s"
@@ -101,6 +104,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     report = inspect_model(args.model, args.target, _shapes(args.input_shape),
                            fusion="none" if args.no_fusion else "tvmpipe", dump_dir=args.dump_ir)
     print(json.dumps(report) if args.json else format_text(report))
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import tuning, tuning_job, tuning_log
+    from .pipeline import Options, prepare
+
+    if args.trials is None and not args.compact:
+        raise TvmpipeError("tune needs --trials N (tune), --compact (shrink the log), or both")
+    if args.keep < 1:
+        raise TvmpipeError(f"--keep must be at least 1 (got {args.keep})")
+    options = Options(fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules)
+    prep = prepare(args.model, args.target, _shapes(args.input_shape), options)
+    log_dir = Path(args.log_dir) if args.log_dir else tuning.log_dir(prep.target, prep.key)
+    if args.trials is not None:
+        tuning_job.tune(prep, trials=args.trials, log_dir=log_dir, resume=args.resume, cost_model=args.cost_model,
+                        rpc=args.rpc, rpc_key=args.rpc_key, seed=args.seed)
+        use = "applies it" if args.log_dir is None else f"--tuning-log {log_dir} applies it"
+        print(f"tuning log: {log_dir}; tvmpipe compile {args.model} --target {args.target} {use}")
+    if args.compact:
+        if not tuning_log.exists(log_dir):
+            raise TvmpipeError(f"no tuning log at {log_dir}")
+        before, after = tuning_log.compact(log_dir, args.keep)
+        print(f"compacted {log_dir}: kept {after} of {before} records (the best {args.keep} of each kernel)")
     return 0
 
 
@@ -201,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
     s.add_argument("--plugin", action="append", metavar="FILE.py",
                    help="import a plug-in that registers custom ops (compiler.register_op); repeatable")
+    s.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16 (GPU targets): fp16 conv/matmul with fp32 accumulation; inputs/outputs stay fp32")
+    s.add_argument("--cuda-graph", action="store_true", help="GPU targets: replay the model as one CUDA graph")
+    s.add_argument("--tuning-log", metavar="DIR",
+                   help="apply this tuning log (default: tuning_logs/TARGET/MODEL-KEY/ if it exists)")
+    s.add_argument("--no-tuning-log", action="store_true", help="apply no tuning log")
     s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("inspect", parents=[common], help="show the kernels after fusion, their ops and the bytes saved")
@@ -212,6 +245,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-fusion", action="store_true", help="as compile --no-fusion: one kernel per op")
     s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("tune", parents=[common], help="auto-tune the kernels of a model with MetaSchedule")
+    s.add_argument("model")
+    s.add_argument("--target", "-t", required=True, help="target name or a target .json")
+    s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224", help="as for compile")
+    s.add_argument("--no-fusion", action="store_true", help="as for compile (tunes that variant's kernels)")
+    s.add_argument("--no-custom-schedules", action="store_true", help="as for compile")
+    s.add_argument("--trials", type=int, help="total measurements in the log, split over the kernels")
+    s.add_argument("--log-dir", help="the log directory (default: tuning_logs/TARGET/MODEL-KEY/)")
+    s.add_argument("--resume", action="store_true", help="continue the job in the log directory up to --trials")
+    s.add_argument("--cost-model", choices=["xgb", "random"], default="xgb")
+    s.add_argument("--seed", type=int, help="seed the search (default: random)")
+    s.add_argument("--rpc", metavar="HOST:PORT", help="measure on the RPC servers of this TVM RPC tracker")
+    s.add_argument("--rpc-key", metavar="KEY", help="the device key the servers registered with")
+    s.add_argument("--compact", action="store_true", help="then keep only the best --keep records of each kernel")
+    s.add_argument("--keep", type=int, default=4, help="records per kernel kept by --compact (default 4)")
+    s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("run", parents=[common], help="run a package on inputs from an .npz file")
     s.add_argument("package")

@@ -59,7 +59,7 @@ def read_manifest(path: str | Path) -> dict:
             if MANIFEST not in names or LIBRARY not in names:
                 raise TvmpipeError(f"{path} is not a tvmpipe package (no {MANIFEST} / {LIBRARY} inside)")
             return json.loads(zf.read(MANIFEST))
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as err:
+    except (zipfile.BadZipFile, EOFError, ValueError, zlib.error) as err:
         raise TvmpipeError(f"{path} is corrupt or not a tvmpipe package ({err})") from None
 
 
@@ -69,6 +69,6 @@ def extract_library(path: str | Path, dest_dir: str | Path) -> Path:
     try:
         with zipfile.ZipFile(path) as zf:
             out.write_bytes(zf.read(LIBRARY))
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
+    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as err:  # zlib: damaged deflate stream
         raise TvmpipeError(f"{path} is corrupt: its library cannot be read ({err})") from None
     return out

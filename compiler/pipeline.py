@@ -1,4 +1,9 @@
-"""The whole compile: frontend -> passes -> schedules -> tuning -> build -> package, in one call."""
+"""The whole compile: frontend -> passes -> schedules -> tuning -> build -> package.
+
+``prepare`` runs every stage before tuning (``tvmpipe tune`` starts there, so compile and tune see the
+same kernels and the same model key); ``schedule`` applies the tuning log or the defaults; ``compile_prepared``
+builds and packages. ``compile_model`` chains them.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,9 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import frontend, package, passes, schedules, targets, tuning
+from . import frontend, package, passes, precision, schedules, targets, tuning
 from .build import build
+from .errors import TvmpipeError
 from .version import PACKAGE_FORMAT, __version__
 
 
@@ -17,18 +23,60 @@ class Options:
 
     fusion: str = "tvmpipe"  # passes.FUSION_LEVELS; --no-fusion is "none"
     custom_schedules: bool = True
+    precision: str = "fp32"  # or "fp16" (GPU): mixed precision with fp32 accumulation
+    cuda_graph: bool = False  # GPU: replay the whole model as one CUDA graph
+    # "auto": the log in tuning_logs/<target>/<model key>/ if there is one; a directory; or None for no log
+    tuning_log: str | Path | None = "auto"
     extra: dict = field(default_factory=dict)
 
 
-def lower(
+@dataclass
+class Prepared:
+    """The model right before tuning: ``compile`` and ``tune`` both start from here, so they see the same kernels."""
+
+    imported: frontend.Imported
+    target: targets.TargetInfo
+    mod: object  # tvm.IRModule: Relax main + fused PrimFuncs, hand-scheduled ones marked tirx.is_scheduled
+    passes: list[str]
+    hand: dict[str, str]  # kernel -> hand-written rule
+    key: str  # tuning.model_key: names the tuning log directory
+
+
+def prepare(
+    model: str | Path,
+    target: str,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    options: Options | None = None,
+    observe: passes.Observer | None = None,
+) -> Prepared:
+    """Import, optimise and hand-schedule: every stage before tuning."""
+    options = options or Options()
+    info = targets.resolve(target)
+    precision.check(info, options.precision)
+    if options.cuda_graph and not info.is_gpu:
+        raise TvmpipeError(f"--cuda-graph is for GPU targets, not {info.name}")
+    return prepare_imported(frontend.load(model, shapes), info, options, observe)
+
+
+def prepare_imported(
     imported: frontend.Imported, info: targets.TargetInfo, options: Options, observe: passes.Observer | None = None
-):
-    """Passes, schedules and tuning (everything but the build): (module, pass names, {kernel: provenance})."""
+) -> Prepared:
+    """``prepare`` for a model already imported (``inspect`` looks at it before the passes)."""
     legalize = schedules.legalizations() if options.custom_schedules else {}
-    mod, pass_names = passes.optimize(imported.mod, info, fusion=options.fusion, legalize=legalize, observe=observe)
+    mod = precision.apply(imported.mod, options.precision)
+    mod, pass_names = passes.optimize(mod, info, fusion=options.fusion, legalize=legalize, observe=observe)
     mod, hand = schedules.apply(mod, info, enabled=options.custom_schedules)
-    mod, provenance = tuning.apply(mod, info)
-    return mod, pass_names, {**{k: f"hand:{v}" for k, v in hand.items()}, **provenance}
+    key = tuning.model_key(
+        imported, fusion=options.fusion, custom_schedules=options.custom_schedules, precision=options.precision
+    )
+    return Prepared(imported, info, mod, pass_names, hand, key)
+
+
+def schedule(prep: Prepared, options: Options) -> tuple[object, dict[str, str], dict | None]:
+    """Tuning log (where one matches) or defaults for the rest: (module, {kernel: provenance}, log info)."""
+    log = tuning.find_log(prep.target, prep.key) if options.tuning_log == "auto" else options.tuning_log
+    mod, provenance, log_info = tuning.apply(prep.mod, prep.target, log)
+    return mod, {**{k: f"hand:{v}" for k, v in prep.hand.items()}, **provenance}, log_info
 
 
 def compile_model(
@@ -39,13 +87,18 @@ def compile_model(
     options: Options | None = None,
 ) -> dict:
     """Compile an ONNX file for a named target into a package; return its manifest."""
+    options = options or Options()
+    return compile_prepared(prepare(model, target, shapes, options), output, options)
+
+
+def compile_prepared(prep: Prepared, output: str | Path, options: Options | None = None) -> dict:
+    """The stages after ``prepare``: tuning log / defaults, build, package; return the manifest."""
     import tvm
 
     options = options or Options()
-    info = targets.resolve(target)
-    imported = frontend.load(model, shapes)
-    mod, pass_names, kernels = lower(imported, info, options)
-    built = build(mod, info)
+    info, imported = prep.target, prep.imported
+    mod, kernels, log_info = schedule(prep, options)
+    built = build(mod, info, cuda_graph=options.cuda_graph)
     manifest = {
         "format": "tvmpipe-package",
         "format_version": PACKAGE_FORMAT,
@@ -62,11 +115,12 @@ def compile_model(
         },
         "inputs": [s.to_json() for s in imported.inputs],
         "outputs": [s.to_json() for s in imported.outputs],
-        "source_model": {"file": Path(model).name, "sha256": imported.sha256, "opset": imported.opset},
-        "passes": pass_names,
-        "options": {"fusion": options.fusion, "custom_schedules": options.custom_schedules, **options.extra},
+        "source_model": {"file": Path(imported.source).name, "sha256": imported.sha256, "opset": imported.opset},
+        "passes": prep.passes,
+        "options": {"fusion": options.fusion, "custom_schedules": options.custom_schedules,
+                    "precision": options.precision, "cuda_graph": options.cuda_graph, **options.extra},
         "kernels": kernels,
-        "tuning_log": None,
+        "tuning_log": {**log_info, "model_key": prep.key} if log_info else None,
         "weights": "embedded in model.so (VM constant pool)",
     }
     return package.save(output, built, manifest)

@@ -23,7 +23,7 @@ from tvm import relax, tirx
 
 from . import frontend, passes, targets
 from .errors import TvmpipeError
-from .pipeline import Options, lower
+from .pipeline import Options, prepare_imported, schedule
 
 
 def _relax_ops(mod: tvm.IRModule) -> Counter:
@@ -113,7 +113,8 @@ def inspect_model(
                 changes.append({"pass": name, "removed": dict(before - after), "added": dict(after - before)})
             before = after
 
-    mod, _, provenance = lower(imported, info, Options(fusion=fusion), observe)
+    options = Options(fusion=fusion)
+    mod, provenance, _ = schedule(prepare_imported(imported, info, options, observe), options)
     kernels = _kernels(mod, provenance)
     return {
         "model": str(model),

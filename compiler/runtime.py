@@ -137,7 +137,7 @@ class Runner:
             elif a.dtype.name != spec["dtype"]:
                 problems.append(f"input '{spec['name']}' has dtype {a.dtype.name}, expected {spec['dtype']}")
             else:
-                args.append(tvm.runtime.tensor(np.ascontiguousarray(a), self.device))
+                args.append(tvm.runtime.tensor(np.require(a, requirements="C"), self.device))  # keeps 0-d arrays 0-d
         if problems:
             expected = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
             raise TvmpipeError(f"{'; '.join(problems)} (the package expects {expected})")

@@ -1,16 +1,62 @@
-"""Tuning stage: apply a MetaSchedule database where one matches, DLight defaults for the rest on GPU.
+"""Tuning stage at compile time: apply a MetaSchedule tuning log where one matches, DLight defaults for the rest on GPU.
 
-``apply(mod, target)`` is the compile-time entry point; it reports, per kernel, where its
-schedule came from ("tuned", "dlight:<Rule>", or "default" for plain TIR lowered as is on CPU).
+A log is a directory, by default ``tuning_logs/<target>/<model key>/``, written by ``tvmpipe tune``
+(``compiler.tuning_job``). The model key names the model rather than the compiler version: it hashes the
+imported Relax graph (structure only, weights excluded, so a retrained model keeps its log), the bound input
+shapes and the options that change the kernel set. Records are matched per kernel by MetaSchedule's
+structural workload equality, so after a pipeline change a log still applies to every kernel that did not change.
+
+``apply(mod, target, log)`` reports, per kernel, where its schedule came from ("tuned", "dlight:<Rule>", or
+"default": plain TIR lowered as is on CPU).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
 import tvm
 from tvm import tirx
 
+from . import tuning_log
+from .errors import TvmpipeError
 from .schedules import is_scheduled
 from .targets import TargetInfo
+
+# Where compile looks for tuning_logs/<target>/<model key>/: the working directory's, then the repository's.
+LOG_ROOTS = (Path("tuning_logs"), Path(__file__).resolve().parent.parent / "tuning_logs")
+
+# Tensor intrinsics (VNNI / AVX-512 dot products, tensor cores) only take 8- and 16-bit operands.
+_INTRINSIC_DTYPES = {"float16", "bfloat16", "int8", "uint8", "float8_e4m3fn", "float8_e5m2"}
+
+
+def model_key(imported, *, fusion: str, custom_schedules: bool, precision: str = "fp32") -> str:
+    """16 hex digits naming a model's tuning log (see the module docstring for what goes in)."""
+    import tvm_ffi
+
+    graph = tvm_ffi.structural_hash(imported.mod, skip_tensor_content=True)
+    shapes = [(s.name, list(s.shape), s.dtype) for s in imported.inputs]
+    text = json.dumps([graph, shapes, {"fusion": fusion, "custom_schedules": custom_schedules, "precision": precision}])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def log_dir(target: TargetInfo, key: str) -> Path:
+    """Where ``tvmpipe tune`` writes a model's log by default."""
+    return LOG_ROOTS[0] / target.name / key
+
+
+def find_log(target: TargetInfo, key: str) -> Path | None:
+    """The model's log under one of ``LOG_ROOTS``, if it was tuned for this target."""
+    return next((d for d in (root / target.name / key for root in LOG_ROOTS) if tuning_log.exists(d)), None)
+
+
+def needs_tensor_intrinsics(funcs) -> bool:
+    """Whether schedules for these PrimFuncs may use tensor intrinsics (importing them costs ~18 s)."""
+    from tvm.s_tir.analysis import detect_buffer_access_lca
+
+    return any(str(buf.dtype) in _INTRINSIC_DTYPES for f in funcs for buf in detect_buffer_access_lca(f))
 
 
 def _dlight_rules(target: TargetInfo) -> list:
@@ -21,16 +67,42 @@ def _dlight_rules(target: TargetInfo) -> list:
     return []
 
 
-def apply(mod: tvm.IRModule, target: TargetInfo) -> tuple[tvm.IRModule, dict[str, str]]:
-    """Schedule every kernel not yet scheduled; return the module and {kernel: provenance}."""
+def _open_log(log: str | Path, target: TargetInfo) -> object:
+    """The MetaSchedule database of a log directory, or a clear error."""
+    path = Path(log)
+    if not tuning_log.exists(path):
+        raise TvmpipeError(f"tuning log not found: {path} (expected {tuning_log.WORKLOADS} and {tuning_log.RECORDS})")
+    report = path / tuning_log.REPORT
+    tuned_for = json.loads(report.read_text())["target"]["spec"] if report.is_file() else target.spec
+    if tuned_for != target.spec:
+        warnings.warn(f"tuning log {path} was made for {tuned_for}, this target is {target.spec}: "
+                      "its schedules apply, their speed may differ here")
+    return tuning_log.database(path, tuning_log.read(path))
+
+
+def apply(mod: tvm.IRModule, target: TargetInfo, log: str | Path | None = None) -> tuple[tvm.IRModule, dict, dict | None]:
+    """Schedule every kernel not yet scheduled, from the log first; return the module, {kernel: provenance}
+    and what the manifest records about the log (None without one)."""
+    database = _open_log(log, target) if log is not None else None
+    mod = mod.clone()  # the caller's module stays as it was (compile it again with another log)
+    prims = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)}
+    if database is not None and needs_tensor_intrinsics(prims.values()):
+        from tvm.s_tir import tensor_intrin  # noqa: F401  (tuned traces may tensorize: replaying needs the registry)
+    normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")  # MetaSchedule's workload form
     provenance: dict[str, str] = {}
     rules = _dlight_rules(target)
     updates = {}
     with target.target:
-        for gvar, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
-                continue
+        for gvar, func in prims.items():
             provenance[gvar.name_hint] = "default"
+            sch = database.query_schedule(normalize(func), target.target, gvar.name_hint) if database else None
+            if sch is not None:
+                new = sch.mod["main"]
+                if func.attrs is None or "global_symbol" not in func.attrs:  # normalize_mod added one
+                    new = new.without_attr("global_symbol")
+                updates[gvar] = new.with_attr("tirx.is_scheduled", True)
+                provenance[gvar.name_hint] = "tuned"
+                continue
             for rule in rules:
                 sch = rule.apply(func, target.target, False)
                 if sch is not None:
@@ -40,4 +112,9 @@ def apply(mod: tvm.IRModule, target: TargetInfo) -> tuple[tvm.IRModule, dict[str
                     break
     for gvar, func in updates.items():
         mod[gvar] = func
-    return mod, provenance
+    if database is None:
+        return mod, provenance, None
+    tuned = sum(v == "tuned" for v in provenance.values())
+    if not tuned:
+        warnings.warn(f"tuning log {log} has no record for any kernel of this model (tuned for another model?)")
+    return mod, provenance, {"path": str(log), "records": len(database), "tuned_kernels": tuned}

@@ -10,6 +10,9 @@ cannot pad a row to a tile multiple nor keep a thread's slice of the row compact
   ``vec * itemsize == 16``), cached on chip and read from memory once.
 - ``cuda_split``: the same tiling over ``chunks`` slices of a long row, in two kernels: per-chunk
   (max, sum of exp) partials, then a combine + normalise pass.
+- ``cuda_chunks``: a row in ``chunks`` blocks that keep their slices in registers and combine their
+  statistics inside the kernel (read once at any length), odd row lengths included; written scheduled,
+  with a serial form for the CPU.
 - ``cpu``: one block per row, three vectorised passes (max, exp with sum, scale) with ``vexp``.
 
 Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x - max))`` and
@@ -192,6 +195,322 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
                 if ((P - 1 - vp) * J + vj) * L + vl < nvec:
                     y[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv] = yb[vr, vp, vj, vl, vv]
 
+    return func
+
+
+# Group handshake states of a chunk (``cuda_chunks`` with chunks > 1).
+_WAITING, _RELEASED, _GAVE_UP = 0, 1, 2
+
+
+def cuda_chunks(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, chunks: int,
+                min_blocks: int = 0, patience: int = 1 << 21, cuda: bool = True):
+    """Softmax that reads the input once at any row length, written already scheduled: a row is cut into
+    ``chunks`` slices, one per block of ``lanes`` threads, each thread holding ``per_thread`` vectors of
+    ``vec`` elements of its slice in registers until the row's statistics are known.
+
+    Statistics go thread -> block -> row: each thread takes its own max ``m_t`` and ``s_t = sum exp(x - m_t)``
+    (no barrier, so a warp starts on its exponentials as soon as its loads land), the block combines those,
+    and with several chunks the row's blocks combine theirs through global memory (below). The output is
+    ``exp(x - m_t) * (exp(m_t - M) / S)`` from the kept float32 exponentials.
+
+    Odd row lengths keep 128-bit accesses: each row is cut into a head (up to the first ``vec``-aligned
+    element), aligned body vectors and a tail; the at most ``2 * (vec - 1)`` head and tail elements are
+    single elements held by the first lanes of the row's last chunk.
+
+    Row combine (a small kernel zeroes the flags first): a block writes its (max, sum) partial, then counts
+    itself in, and waits until the row's count is complete; then all read the partials. A block still waiting
+    after ``patience`` clock cycles (more chunks than the GPU holds at once, e.g. a MIG slice) gives its slice
+    up instead (its state ``_WAITING -> _GAVE_UP``) and exits; the block that completes the count settles
+    every other chunk's state (``_WAITING -> _RELEASED``, one atomic each, so exactly one of the two wins)
+    and normalises the given-up slices from memory. No block waits on one that is not running, so no grid
+    size can deadlock. ``min_blocks`` (>= 1) is the launch bound's blocks per SM, which caps the registers per
+    thread. ``cuda=False`` emits the same kernel with serial loops and plain memory operations for the CPU,
+    where every block but the last of a row gives up.
+    """
+    L, V, J, P = lanes, vec, per_thread, chunks
+    NB, NF = rows * P, rows * (P + 1)  # blocks; flags: each chunk's handshake state, then each row's count
+    NZ = max(NF, 2 * NB)
+    E = 2 * (V - 1) if cols % V else 0  # head + tail elements
+    assert P <= L and E <= L and P * J * L * V >= cols - E, "one partial and one edge element per thread, all covered"
+    keep = kind == "softmax"  # log_softmax needs the input, not the exponentials
+    local, shared = ("local", "shared") if cuda else ("global", "global")
+    ninf = T.Cast(dtype, T.float32("-inf"))
+
+    def loop(n: int, tag: str):
+        return T.thread_binding(n, thread=tag) if cuda else T.serial(n)
+
+    vloop = T.vectorized if cuda else T.serial
+
+    def row(b):
+        return b // P
+
+    def head(b):
+        """Elements before the row's first ``vec``-aligned one (all of them in a row shorter than that).
+        Written as ``first aligned vector * vec - row start`` so that TVM can prove body accesses aligned."""
+        if not E:
+            return 0
+        h = (row(b) * cols + V - 1) // V * V - row(b) * cols
+        return T.min(h, cols) if cols < V else h
+
+    def nbody(b):
+        return (cols - head(b)) // V
+
+    def col(b, q, j, l, v):
+        """Column of element v of body vector j of thread l in chunk q."""
+        return head(b) + ((q * J + j) * L + l) * V + v
+
+    def in_body(b, q, j, l):
+        return (q * J + j) * L + l < nbody(b)
+
+    def edge_col(l):
+        """Head elements 0 .. vec-2, then tail elements from the row's end backwards."""
+        return T.Select(l < V - 1, l, cols + V - 2 - l)
+
+    def in_edge(b, q, l):
+        tail = cols - head(b) - nbody(b) * V
+        return tirx.all(q == P - 1, l < E, T.Select(l < V - 1, l < head(b), l - (V - 1) < tail))
+
+    def value(xv, m, s):
+        return T.Cast(dtype, _normalized(kind, T.Cast(ACC, xv), m, s))
+
+    def max_init(xe, b, l):
+        return T.max(T.Cast(ACC, xe[b, l]), T.min_value(ACC)) if E else T.min_value(ACC)
+
+    def sum_init(xe, ee, tmax, b, l):
+        if not E:
+            return T.float32(0)
+        return ee[b, l] if keep else T.exp(T.Cast(ACC, xe[b, l]) - tmax[b, l])
+
+    def exp_of(xc, ec, tmax, b, j, l, v):
+        return ec[b, j, l, v] if keep else T.exp(T.Cast(ACC, xc[b, j, l, v]) - tmax[b, l])
+
+    def kept(gone, b, l):
+        """This block still owns its slice (it did not give it up)."""
+        return gone[b, l] == 0 if P > 1 else tirx.const(True)
+
+    def from_l2(buf, i):
+        """``buf[i]`` written by other blocks: from L2 on the GPU (L1 is not coherent across blocks)."""
+        return T.call_extern(buf.dtype, "__ldcg", T.address_of(buf[i])) if cuda else buf[i]
+
+    def stats(gmax, gsum, bmax, bsum, b):
+        """The row's (max, sum): the row combine's (chunks > 1) or the block's."""
+        return (gmax[b], gsum[b]) if P > 1 else (bmax[b], bsum[b])
+
+    def scale_of(tmax, st):
+        """A thread's output scale ``exp(m_t - M) / S``."""
+        return T.exp(tmax - st[0]) * (T.float32(1) / st[1])
+
+    def out(xv, ev, scale, st):
+        """Output element from the kept exponential ev (times the thread's scale) or the cached input xv."""
+        return T.Cast(dtype, ev * scale) if keep else value(xv, *st)
+
+    @T.prim_func(s_tir=True)
+    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        xc = T.sblock_alloc_buffer((NB, J, L, V), dtype, scope=local)
+        xe = T.sblock_alloc_buffer((NB, L), dtype, scope=local)
+        ec = T.sblock_alloc_buffer((NB, J, L, V), ACC, scope=local)
+        yc = T.sblock_alloc_buffer((NB, J, L, V), dtype, scope=local)
+        ee = T.sblock_alloc_buffer((NB, L), ACC, scope=local)
+        tmax = T.sblock_alloc_buffer((NB, L), ACC, scope=local)
+        tsum = T.sblock_alloc_buffer((NB, L), ACC, scope=local)
+        bmax = T.sblock_alloc_buffer((NB,), ACC, scope=local)
+        bsum = T.sblock_alloc_buffer((NB,), ACC, scope=local)
+        pm = T.sblock_alloc_buffer((NB, L), ACC, scope=local)
+        ps = T.sblock_alloc_buffer((NB, L), ACC, scope=local)
+        gmax = T.sblock_alloc_buffer((NB,), ACC, scope=local)
+        gsum = T.sblock_alloc_buffer((NB,), ACC, scope=local)
+        sc = T.sblock_alloc_buffer((NB, L), ACC, scope=local)
+        part = T.sblock_alloc_buffer((NB * 2,), ACC)
+        flags = T.sblock_alloc_buffer((NF,), "int32")
+        sh = T.sblock_alloc_buffer((NB, 2), "int32", scope=shared)  # [last to arrive, gave up]
+        redo = T.sblock_alloc_buffer((NB, P), "int32", scope=shared)
+        # the shared flags, copied to registers (TVM's barrier planning rejects shared loads in conditions)
+        last = T.sblock_alloc_buffer((NB, L), "int32", scope=local)
+        gone = T.sblock_alloc_buffer((NB, L), "int32", scope=local)
+        todo = T.sblock_alloc_buffer((NB, L), "int32", scope=local)
+        if P > 1:  # (zeroing the partials too keeps their allocation outside the blocks on the CPU)
+            for bz in loop((NZ + 255) // 256, "blockIdx.x"):
+                for tz in loop(256, "threadIdx.x"):
+                    with T.sblock("zero"):
+                        vz = T.axis.spatial((NZ + 255) // 256 * 256, bz * 256 + tz)
+                        T.reads()
+                        T.writes(flags[vz], part[vz])
+                        if vz < NF:
+                            flags[vz] = _WAITING
+                        if vz < NB * 2:
+                            part[vz] = T.float32(0)
+        for b in loop(NB, "blockIdx.x"):
+            with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", max(1, min_blocks)):
+                for l in loop(L, "threadIdx.x"):
+                    for j in T.unroll(J):
+                        for v in vloop(V):
+                            with T.sblock("load"):
+                                vb, vj, vl, vv = T.axis.remap("SSSS", [b, j, l, v])
+                                xc[vb, vj, vl, vv] = T.if_then_else(
+                                    in_body(vb, vb % P, vj, vl), x[row(vb), col(vb, vb % P, vj, vl, vv)], ninf)
+                    if E > 0:
+                        with T.sblock("load_edge"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            xe[vb, vl] = T.if_then_else(in_edge(vb, vb % P, vl), x[row(vb), edge_col(vl)], ninf)
+                for l in loop(L, "threadIdx.x"):
+                    for j in T.unroll(J):
+                        for v in T.unroll(V):
+                            with T.sblock("thread_max"):
+                                vb, vj, vl, vv = T.axis.remap("SRSR", [b, j, l, v])
+                                with T.init():
+                                    tmax[vb, vl] = max_init(xe, vb, vl)
+                                tmax[vb, vl] = T.max(tmax[vb, vl], T.Cast(ACC, xc[vb, vj, vl, vv]))
+                    if keep:
+                        for j in T.unroll(J):
+                            for v in T.unroll(V):
+                                with T.sblock("exp"):
+                                    vb, vj, vl, vv = T.axis.remap("SSSS", [b, j, l, v])
+                                    ec[vb, vj, vl, vv] = T.exp(T.Cast(ACC, xc[vb, vj, vl, vv]) - tmax[vb, vl])
+                        if E > 0:
+                            with T.sblock("exp_edge"):
+                                vb, vl = T.axis.remap("SS", [b, l])
+                                ee[vb, vl] = T.exp(T.Cast(ACC, xe[vb, vl]) - tmax[vb, vl])
+                    for j in T.unroll(J):
+                        for v in T.unroll(V):
+                            with T.sblock("thread_sum"):
+                                vb, vj, vl, vv = T.axis.remap("SRSR", [b, j, l, v])
+                                with T.init():
+                                    tsum[vb, vl] = sum_init(xe, ee, tmax, vb, vl)
+                                tsum[vb, vl] = tsum[vb, vl] + exp_of(xc, ec, tmax, vb, vj, vl, vv)
+                for l in loop(L, "threadIdx.x"):
+                    with T.sblock("block_max"):
+                        vb, vl = T.axis.remap("SR", [b, l])
+                        with T.init():
+                            bmax[vb] = T.min_value(ACC)
+                        bmax[vb] = T.max(bmax[vb], tmax[vb, vl])
+                for l in loop(L, "threadIdx.x"):
+                    with T.sblock("block_sum"):
+                        vb, vl = T.axis.remap("SR", [b, l])
+                        with T.init():
+                            bsum[vb] = T.float32(0)
+                        bsum[vb] = bsum[vb] + tsum[vb, vl] * T.exp(tmax[vb, vl] - bmax[vb])
+                if P > 1:
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("arrive"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            T.reads(bmax[vb], bsum[vb], flags[NB + row(vb)])
+                            T.writes(part[vb * 2:vb * 2 + 2], flags[NB + row(vb)], sh[vb, 0])
+                            if vl == 0:
+                                part[vb * 2] = bmax[vb]
+                                part[vb * 2 + 1] = bsum[vb]
+                                if cuda:
+                                    T.evaluate(T.call_extern("void", "__threadfence"))
+                                    sh[vb, 0] = T.Cast("int32", T.call_extern(
+                                        "int32", "atomicAdd", T.address_of(flags[NB + row(vb)]), 1) == P - 1)
+                                else:
+                                    flags[NB + row(vb)] = flags[NB + row(vb)] + 1
+                                    sh[vb, 0] = T.Cast("int32", flags[NB + row(vb)] == P)
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("last"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            last[vb, vl] = sh[vb, 0]
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("handshake"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            T.reads(last[vb, vl], flags[row(vb) * P:row(vb) * P + P], flags[NB + row(vb)])
+                            T.writes(sh[vb, 1], redo[vb, 0:P], flags[row(vb) * P:row(vb) * P + P])
+                            if last[vb, vl] == 1:  # the last to arrive: release the others, note who gave up
+                                if vl == 0:
+                                    sh[vb, 1] = 0
+                                    if cuda:  # the partials written before the others' counts are visible now
+                                        T.evaluate(T.call_extern("void", "__threadfence"))
+                                if vl < P:
+                                    redo[vb, vl] = 0
+                                    if vl != vb % P:
+                                        if cuda:
+                                            redo[vb, vl] = T.Cast("int32", T.call_extern(
+                                                "int32", "atomicCAS", T.address_of(flags[row(vb) * P + vl]),
+                                                _WAITING, _RELEASED) == _GAVE_UP)
+                                        else:
+                                            redo[vb, vl] = T.Cast("int32", flags[row(vb) * P + vl] == _GAVE_UP)
+                                            flags[row(vb) * P + vl] = T.Select(
+                                                flags[row(vb) * P + vl] == _WAITING, _RELEASED, flags[row(vb) * P + vl])
+                            elif vl == 0:  # wait for the row's count, or give the slice up
+                                if cuda:  # (__ldcg is volatile: read again on every iteration)
+                                    t0 = T.call_extern("int64", "clock64")
+                                    while from_l2(flags, NB + row(vb)) < P and (
+                                            T.call_extern("int64", "clock64") - t0 < T.int64(patience)):
+                                        T.evaluate(0)
+                                    sh[vb, 1] = 0
+                                    if from_l2(flags, NB + row(vb)) < P:
+                                        sh[vb, 1] = T.Cast("int32", T.call_extern(
+                                            "int32", "atomicCAS", T.address_of(flags[vb]), _WAITING, _GAVE_UP
+                                        ) == _WAITING)
+                                    T.evaluate(T.call_extern("void", "__threadfence"))
+                                else:
+                                    sh[vb, 1] = T.Cast("int32", flags[vb] == _WAITING)
+                                    flags[vb] = T.Select(flags[vb] == _WAITING, _GAVE_UP, flags[vb])
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("gone"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            gone[vb, vl] = sh[vb, 1]
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("load_part"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            T.reads(part[row(vb) * P * 2:row(vb) * P * 2 + P * 2])
+                            T.writes(pm[vb, vl], ps[vb, vl])
+                            pm[vb, vl] = T.min_value(ACC)
+                            ps[vb, vl] = T.float32(0)
+                            if vl < P:
+                                pm[vb, vl] = from_l2(part, (row(vb) * P + vl) * 2)
+                                ps[vb, vl] = from_l2(part, (row(vb) * P + vl) * 2 + 1)
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("row_max"):
+                            vb, vl = T.axis.remap("SR", [b, l])
+                            with T.init():
+                                gmax[vb] = T.min_value(ACC)
+                            gmax[vb] = T.max(gmax[vb], pm[vb, vl])
+                    for l in loop(L, "threadIdx.x"):
+                        with T.sblock("row_sum"):
+                            vb, vl = T.axis.remap("SR", [b, l])
+                            with T.init():
+                                gsum[vb] = T.float32(0)
+                            gsum[vb] = gsum[vb] + ps[vb, vl] * T.exp(pm[vb, vl] - gmax[vb])
+                for l in loop(L, "threadIdx.x"):
+                    if keep:
+                        with T.sblock("scale"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            sc[vb, vl] = scale_of(tmax[vb, vl], stats(gmax, gsum, bmax, bsum, vb))
+                    for j in T.unroll(J):  # per vector: normalise in registers (unrolled), then one vector store
+                        for v in T.unroll(V):
+                            with T.sblock("normalize"):
+                                vb, vj, vl, vv = T.axis.remap("SSSS", [b, j, l, v])
+                                yc[vb, vj, vl, vv] = out(xc[vb, vj, vl, vv], ec[vb, vj, vl, vv], sc[vb, vl],
+                                                         stats(gmax, gsum, bmax, bsum, vb))
+                        for v in vloop(V):
+                            with T.sblock("store"):
+                                vb, vj, vl, vv = T.axis.remap("SSSS", [b, j, l, v])
+                                if kept(gone, vb, vl) and in_body(vb, vb % P, vj, vl):
+                                    y[row(vb), col(vb, vb % P, vj, vl, vv)] = yc[vb, vj, vl, vv]
+                    if E > 0:
+                        with T.sblock("store_edge"):
+                            vb, vl = T.axis.remap("SS", [b, l])
+                            if kept(gone, vb, vl) and in_edge(vb, vb % P, vl):
+                                y[row(vb), edge_col(vl)] = out(
+                                    xe[vb, vl], ee[vb, vl], sc[vb, vl], stats(gmax, gsum, bmax, bsum, vb))
+                if P > 1:  # the releasing block normalises the slices given up, from memory
+                    for l in loop(L, "threadIdx.x"):
+                        for q in range(P):
+                            with T.sblock("redo_flag"):
+                                vb, vl, vq = T.axis.remap("SSS", [b, l, q])
+                                todo[vb, vl] = redo[vb, vq] * last[vb, vl]
+                            for j, v in T.grid(J, V):  # scalar: a fallback, not a fast path
+                                with T.sblock("redo"):
+                                    vb, vq, vj, vl, vv = T.axis.remap("SSSSS", [b, q, j, l, v])
+                                    if todo[vb, vl] == 1 and in_body(vb, vq, vj, vl):
+                                        y[row(vb), col(vb, vq, vj, vl, vv)] = value(
+                                            x[row(vb), col(vb, vq, vj, vl, vv)], gmax[vb], gsum[vb])
+                            if E > 0:
+                                with T.sblock("redo_edge"):
+                                    vb, vl, vq = T.axis.remap("SSS", [b, l, q])
+                                    if todo[vb, vl] == 1 and in_edge(vb, vq, vl):
+                                        y[row(vb), edge_col(vl)] = value(x[row(vb), edge_col(vl)], gmax[vb], gsum[vb])
     return func
 
 

@@ -264,6 +264,6 @@ def test_cuda_package_holds_compiled_kernel(tmp_path):
     mod, _ = passes.optimize(attention_module(1, 100, 100, 2, 2, 64, "bfloat16", causal="TopLeft"), info,
                              legalize=schedules.legalizations())
     mod, _ = schedules.apply(mod, info)
-    mod, _ = tuning.apply(mod, info)
+    mod, _, _ = tuning.apply(mod, info)
     manifest = package.save(tmp_path / "attention.tvmpkg", build(mod, info), {})
     assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"

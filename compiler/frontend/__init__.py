@@ -14,11 +14,11 @@ from pathlib import Path
 import onnx
 
 from ..errors import TvmpipeError
-from . import attention_op  # noqa: F401  (registers ONNX Attention)
-from . import rnn  # noqa: F401  (registers LSTM/GRU/RNN)
+from . import attention_op, clip, rnn  # noqa: F401  (register ONNX Attention, Clip, LSTM/GRU/RNN)
+from . import converters_math, converters_nn, converters_ops  # noqa: F401  (register tvmpipe's converters)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import TensorSpec, bind_shapes, clean, parse_shape_arg, read_model
-from .support import check, iter_nodes, opset_of
+from .support import Unsupported, check, iter_nodes, opset_of
 
 __all__ = ["Imported", "TensorSpec", "load", "parse_shape_arg"]
 
@@ -47,11 +47,12 @@ def _outputs(mod, graph: onnx.GraphProto, path: str) -> list[TensorSpec]:
     specs = []
     for out, ty in zip(graph.output, fields):
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
-            raise TvmpipeError(f"{path}: output '{out.name}' is not a tensor of static shape ({ty})")
+            raise Unsupported(f"{path}: output '{out.name}' has a data-dependent shape ({ty}); "
+                              "tvmpipe compiles static shapes only")
         try:
             shape = tuple(int(d) for d in ty.shape)
         except TypeError:
-            raise TvmpipeError(
+            raise Unsupported(
                 f"{path}: output '{out.name}' has a data-dependent shape {ty.shape}; tvmpipe compiles static shapes only"
             ) from None
         specs.append(TensorSpec(out.name, shape, str(ty.dtype)))
@@ -64,8 +65,9 @@ def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> 
     model, sha = read_model(path)
     op_counts = Counter(qualified_op(n.domain, n.op_type) for n in iter_nodes(model.graph))
     inputs = bind_shapes(model, dict(shapes or {}))
+    bound = onnx.ModelProto.FromString(model.SerializeToString())  # clean() may rewrite in place
     model = clean(model)
-    check(model, path, is_supported)
+    check(model, path, is_supported, original=bound)
     opset = opset_of(model, "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # renamed-input and checker chatter from the upstream importer
@@ -74,7 +76,7 @@ def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> 
                 model, opset, {s.name: list(s.shape) for s in inputs}, {s.name: s.dtype for s in inputs}
             )
         except TvmpipeError as err:
-            raise TvmpipeError(f"{path}: {err}") from err
+            raise type(err)(f"{path}: {err}") from err
         except Exception as err:
             raise TvmpipeError(f"{path}: import failed: {type(err).__name__}: {err}") from err
     return Imported(mod, inputs, _outputs(mod, model.graph, path), path, sha, opset, model, op_counts)

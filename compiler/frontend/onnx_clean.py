@@ -18,6 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import TvmpipeError
+from .support import Unsupported
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def _dtype_of(vi: onnx.ValueInfoProto) -> str:
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
     except (KeyError, TypeError):
-        raise TvmpipeError(
+        raise Unsupported(
             f"input '{vi.name}' has element type {onnx.TensorProto.DataType.Name(elem)}, which tvmpipe cannot feed"
         ) from None
 
@@ -107,7 +108,7 @@ def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> l
     specs = []
     for vi in inputs:
         if not vi.type.HasField("tensor_type"):
-            raise TvmpipeError(f"input '{vi.name}' is not a tensor (sequence/map inputs are not supported)")
+            raise Unsupported(f"input '{vi.name}' is not a tensor (sequence/map/optional inputs are not supported)")
         dtype = _dtype_of(vi)
         tt = vi.type.tensor_type
         dims = list(tt.shape.dim) if tt.HasField("shape") else None
@@ -115,9 +116,9 @@ def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> l
         if given is None:
             if dims is None:
                 raise TvmpipeError(f"input '{vi.name}' has unknown rank: give its shape with --input-shape {vi.name}:DxDx...")
-            dynamic = [(k, d.dim_param or "?") for k, d in enumerate(dims) if d.dim_value <= 0]
+            dynamic = [(k, d.dim_param or "?") for k, d in enumerate(dims) if not d.HasField("dim_value")]
             if dynamic:
-                example = "x".join(str(d.dim_value) if d.dim_value > 0 else "1" for d in dims)
+                example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "1" for d in dims)
                 where = ", ".join(f"dim {k} ('{p}')" for k, p in dynamic)
                 raise TvmpipeError(
                     f"input '{vi.name}' has dynamic {where}: bind it with --input-shape {vi.name}:{example}"
@@ -129,7 +130,7 @@ def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> l
                     f"--input-shape {vi.name}: rank {len(given)} given, but the model's input has rank {len(dims)}"
                 )
             for k, (d, g) in enumerate(zip(dims or [], given)):
-                if d.dim_value > 0 and d.dim_value != g:
+                if d.HasField("dim_value") and d.dim_value != g:
                     raise TvmpipeError(
                         f"--input-shape {vi.name}: dim {k} is fixed to {d.dim_value} in the model, {g} given"
                     )
@@ -138,7 +139,26 @@ def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> l
             for g in shape:
                 tt.shape.dim.add().dim_value = g
         specs.append(TensorSpec(vi.name, shape, dtype))
+        if 0 in shape:
+            _read_as_constant(model.graph, vi.name, np.zeros(shape, dtype))
     return specs
+
+
+def _read_as_constant(graph: onnx.GraphProto, name: str, value: np.ndarray) -> None:
+    """Make the nodes read a constant instead of input ``name`` (which stays in the interface): an empty
+    input's value is fully known from its shape, and converters that need e.g. empty ``axes`` as a
+    constant can then use it."""
+    const = f"{name}__const"
+    graph.initializer.append(onnx.numpy_helper.from_array(value, const))
+
+    def rename(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            node.input[:] = [const if i == name else i for i in node.input]
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    rename(sub)
+
+    rename(graph)
 
 
 def _normalize_constants(graph: onnx.GraphProto) -> None:
@@ -176,7 +196,9 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return onnxscript.optimizer.optimize(model, num_iterations=4, output_size_limit=1 << 26)
+            model = onnxscript.optimizer.optimize(model, num_iterations=4, output_size_limit=1 << 26)
     except Exception as err:  # the optimiser is best effort: import the unoptimised graph instead
         warnings.warn(f"onnxscript optimiser failed ({type(err).__name__}: {err}); importing the raw graph")
-        return onnx.shape_inference.infer_shapes(model)
+        model = onnx.shape_inference.infer_shapes(model)
+    _normalize_constants(model.graph)  # the optimiser writes folded values in other Constant forms
+    return model

@@ -1,0 +1,54 @@
+"""What the rules and legalisations share: the target test, TVM's default lowering, vector sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+from tvm.target import Target, codegen
+
+ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
+
+
+def compiling_for_cpu() -> bool:
+    """Inside ``passes.optimize`` the target is the current one."""
+    target = Target.current(allow_none=True)
+    return target is not None and target.kind.name == "llvm"
+
+
+def default_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """TVM's own legalisation of ``call`` (for the cases a custom one does not take)."""
+    return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+
+
+def first_applicable(*legalizers: Callable) -> Callable:
+    """One LegalizeOps entry from target-specific ones, each returning None where it does not apply."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        for legalizer in legalizers:
+            out = legalizer(bb, call)
+            if out is not None:
+                return out
+        return default_legalize(bb, call)
+
+    return legalize
+
+
+def vector_shape(target: Target, dtype: str) -> tuple[int, int]:
+    """(lanes of ``dtype`` per vector, vector registers to spend on accumulators) for the target's ISA."""
+    features = set(codegen.llvm_get_cpu_features(target))
+    bits = 512 if "avx512f" in features else 256 if "avx2" in features else 128
+    return bits // (16 if dtype == "float16" else 32), ACCUMULATOR_REGISTERS[bits]
+
+
+def largest_divisor(n: int, candidates: tuple[int, ...]) -> int | None:
+    """The first of ``candidates`` that divides ``n``."""
+    return next((c for c in candidates if n % c == 0), None)
+
+
+def register_tile(rows: int, vectors: int, regs: int) -> tuple[int, int]:
+    """(MR rows, NJ vectors) of the accumulator tile: exact divisors of the extents, MR * NJ <= regs,
+    as many accumulators as possible (ties: more vectors, which share each broadcast row value)."""
+    pairs = [(m, j) for m in range(1, 9) for j in range(1, 5) if rows % m == 0 and vectors % j == 0 and m * j <= regs]
+    return max(pairs, key=lambda p: (p[0] * p[1], p[1]))

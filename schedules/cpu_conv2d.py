@@ -1,0 +1,86 @@
+"""CPU conv2d: NCHW activations, weights repacked to HWIO at compile time, register-blocked direct conv.
+
+TVM's default NCHW conv is scalar and single-threaded (~20x slower than onnxruntime on ResNet-50). The
+activations keep their NCHW layout (no layout change spreads through the graph); only the weight, a
+constant, is transposed to ``[KH, KW, IC, OC]`` by the legalisation (FoldConstant does it once, at compile
+time), so that output channels are contiguous. The kernel then is the GEMM micro-kernel of
+``cpu_matmul`` with the reduction over (IC, KH, KW): a tile of ``MR`` output columns x ``NJ`` vectors of
+output channels stays in registers; each step broadcasts MR input pixels and loads NJ weight vectors.
+Fused epilogues (bias, ReLU, residual add) run on each tile before it leaves the registers.
+"""
+
+from __future__ import annotations
+
+from tvm import relax, s_tir, te, tirx, topi
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
+from tvm.target import Target
+
+from .common import compiling_for_cpu, largest_divisor, register_tile, vector_shape
+
+BLOCK = "conv2d_nchw_hwio"
+
+
+def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:
+    n, ic, h, w = data.shape
+    kh, kw, _, oc = weight.shape
+    (sh, sw), (dh, dw) = [int(s) for s in strides], [int(d) for d in dilation]
+    pt, pl, pb, pr = (int(p) for p in padding)
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    rc, ry, rx = te.reduce_axis((0, ic), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (n, oc, oh, ow),
+        lambda b, o, y, x: te.sum(data[b, rc, y * sh + ry * dh, x * sw + rx * dw] * weight[ry, rx, rc, o], axis=[rc, ry, rx]),
+        name=BLOCK,
+    )
+
+
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+    """conv2d -> HWIO weight transpose (folded for constant weights) + ``conv2d_nchw_hwio`` on CPUs."""
+    a = call.attrs
+    plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
+    if not (compiling_for_cpu() and plain and call.ty.dtype == "float32" and call.args[0].ty.dtype == "float32"):
+        return None
+    weight = bb.emit_te(topi.transpose, call.args[1], [2, 3, 1, 0], primfunc_name_hint="conv2d_weight_hwio")
+    return bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, a.strides, a.padding, a.dilation, primfunc_name_hint="conv2d")
+
+
+class CpuConv2d(ScheduleRule):
+    """The kernels ``legalize_conv2d`` produced (with their fused epilogues), on LLVM CPUs."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            conv = sch.get_sblock(BLOCK)
+        except Exception:  # noqa: BLE001 - get_sblock raises a TVM error when the block is absent
+            return None
+        n, oc, oh, ow, rc, ry, rx = sch.get_loops(conv)
+        n_oc, n_ow = (int(sch.get(loop).extent) for loop in (oc, ow))
+        lanes, regs = vector_shape(target, "float32")
+        lanes = largest_divisor(n_oc, (lanes, 8, 4, 2, 1))
+        mr, nj = register_tile(n_ow, n_oc // lanes, regs)
+
+        for producer in sch.get_producers(conv):  # the padded input copy: one pass, parallel over rows
+            pn, pc, ph, _ = sch.get_loops(producer)
+            sch.parallel(sch.fuse(pn, pc, ph))
+        oc0, oc1, oc2 = sch.split(oc, [None, nj, lanes])
+        ow0, ow1 = sch.split(ow, [None, mr])
+        sch.reorder(n, oc0, oh, ow0, rc, ry, rx, ow1, oc1, oc2)
+        tile = sch.fuse(n, oc0, oh)
+        sch.parallel(tile)
+        acc = sch.cache_write(conv, 0, "local")
+        # channels innermost in the register tile, so that each accumulator is one contiguous vector
+        sch.transform_layout(conv, ("write", 0), lambda b, o, y, x: (b, y, x, o))
+        sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
+        auto_inline_consumer_chain(sch, acc)
+        sch.unroll(ow1)
+        sch.unroll(oc1)
+        sch.vectorize(oc2)
+        init = sch.decompose_reduction(conv, rc)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch

@@ -1,0 +1,47 @@
+"""CPU depthwise conv2d (MobileNet): TVM's ``group_conv2d_nchw`` with one input channel per group.
+
+Unscheduled it runs as one scalar thread. There is no channel reduction to block for registers, so the
+schedule is simple: rows of (batch, channel, output row) over the cores, a vector of output columns
+accumulated in registers over the KH x KW window, with the fused epilogue (bias, ReLU6) on the way out.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
+from tvm.target import Target
+
+from .common import largest_divisor, vector_shape
+
+BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 1)
+
+
+class CpuDepthwise(ScheduleRule):
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            conv = sch.get_sblock(BLOCK)
+        except Exception:  # noqa: BLE001 - get_sblock raises a TVM error when the block is absent
+            return None
+        loops = sch.get_loops(conv)
+        if len(loops) != 7 or int(sch.get(loops[4]).extent) != 1:  # not depthwise: channels reduced per group
+            return None
+        n, c, oh, ow, rc, ry, rx = loops
+        lanes = largest_divisor(int(sch.get(ow).extent), (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
+        for producer in sch.get_producers(conv):  # the padded input copy
+            pn, pc, ph, _ = sch.get_loops(producer)
+            sch.parallel(sch.fuse(pn, pc, ph))
+        ow0, ow1 = sch.split(ow, [None, lanes])
+        sch.reorder(n, c, oh, ow0, rc, ry, rx, ow1)
+        sch.parallel(sch.fuse(n, c, oh))
+        acc = sch.cache_write(conv, 0, "local")
+        sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
+        auto_inline_consumer_chain(sch, acc)
+        sch.vectorize(ow1)
+        sch.vectorize(sch.get_loops(acc)[-1])
+        init = sch.decompose_reduction(conv, rc)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch

@@ -1,0 +1,168 @@
+"""CPU GEMM rule: register-blocked, vectorised, multi-threaded schedule for matmul-like kernels.
+
+TVM lowers an unscheduled matmul to scalar, single-threaded loops (~20x slower than onnxruntime on the
+zoo's transformers). This is the classic BLIS-style micro-kernel, written as a TensorIR schedule so the
+fused prologue/epilogue (bias, GELU, residual add, ...) stays in the same kernel:
+
+- normalise the kernel to ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (DLight's matmul analysis), reading
+  the original buffers (no transposed copies);
+- a ``MR x (NJ * lanes)`` tile of C lives in vector registers for the whole K loop: each step broadcasts
+  MR values of A and loads NJ vectors of B (B's J axis is contiguous in ONNX MatMul/Gemm weights);
+- tiles are distributed over the cores (``parallel``), J-tiles outermost so a B panel is reused from cache
+  by consecutive I-tiles; the epilogue runs on each tile while it is hot.
+
+Where J is not a multiple of the vector width, or I has no divisor that fills the tile (ViT's 197
+tokens), ``pad_einsum`` pads them; the padded operands are then copied once per call (B K-major). A constant
+weight of such a width is padded at compile time instead, by ``legalize_matmul``.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, s_tir, te, tirx, topi
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import (
+    auto_inline_consumer_chain,
+    get_index_map,
+    get_reduction_blocks,
+)
+from tvm.target import Target
+
+from .common import compiling_for_cpu, largest_divisor, register_tile, vector_shape
+
+PAD_N = 64  # four AVX-512 vectors of fp32
+
+
+class CpuMatmul(ScheduleRule):
+    """Matmul-like kernels (dense, batched matmul, with fused elementwise neighbours) on LLVM CPUs."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        main = reductions[0] if reductions else None
+        dtype = str(sch.get(main).writes[0].source.dtype) if main else None
+        if dtype not in ("float32", "float16"):
+            return None
+        lanes, regs = vector_shape(target, dtype)
+        if get_index_map(sch.get(main)):
+            self._normalize(sch, main)
+            if not all(isinstance(sch.get(loop).extent, tirx.IntImm) for loop in sch.get_loops(main)):
+                return None
+            _, n_i, n_j, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(main))
+            mr, nj = register_tile(n_i, -(-n_j // lanes), regs)
+            # Pad J to whole vectors, and I to a full register tile where its divisors give a poor one
+            # (ViT's 197 tokens would get 1 x 4 vectors: load-bound).
+            pad_i = 8 if mr * nj < regs // 2 and n_i > 8 else 1
+            if n_j % lanes or n_i % pad_i:
+                sch.pad_einsum(main, [1, pad_i, lanes, 1])
+                # The padded copy of B is materialised K-major (written in that order), so that the vector
+                # loop reads it contiguously.
+                b_pad = sch.get(main).reads[1].source
+                (b_copy,) = [p for p in sch.get_producers(main) if sch.get(p).writes[0].source.same_as(b_pad)]
+                sch.transform_layout(main, ("read", 1), lambda s, j, k: (s, k, j))
+                *_, j_loop, k_loop = sch.get_loops(b_copy)
+                sch.reorder(k_loop, j_loop)
+        elif self._is_vector_matrix(sch, main):
+            # Batch-1 heads, C[1, J] = A[1, K] B[K, J]: DLight's analysis drops the unit axes and finds
+            # no I; give the loop nest the (S, I, J, K) shape and use the widest vector that divides J.
+            *units, j, _ = sch.get_loops(main)
+            sch.split(sch.fuse(*units), [None, 1])
+            lanes = largest_divisor(int(sch.get(j).extent), (lanes, 8, 4, 2, 1))
+        else:
+            return None
+        _, n_i, n_j, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(main))
+        mr, nj = register_tile(n_i, n_j // lanes, regs)
+
+        s, i, j, k = sch.get_loops(main)
+        i0, i1 = sch.split(i, [None, mr])
+        j0, j1, j2 = sch.split(j, [None, nj, lanes])
+        sch.reorder(s, j0, i0, k, i1, j1, j2)
+        tile = sch.fuse(s, j0, i0)
+        sch.parallel(tile)
+
+        acc = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)
+        self._inline_producers(sch, main)
+        auto_inline_consumer_chain(sch, acc)
+        sch.unroll(i1)
+        sch.unroll(j1)
+        sch.vectorize(j2)
+        *_, out_j = sch.get_loops(acc)
+        _, out_v = sch.split(out_j, [None, lanes])
+        sch.vectorize(out_v)
+        init = sch.decompose_reduction(main, k)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch
+
+    @staticmethod
+    def _inline_producers(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV) -> None:
+        """Inline fused prologues and the reindexed reads into the GEMM, but keep pad_einsum's padded
+        copies as one parallel pass each: inlined, their bounds checks would sit in the vector loop."""
+
+        def producers(block: s_tir.schedule.SBlockRV) -> list:
+            direct = sch.get_producers(block)
+            return direct + [q for p in direct for q in producers(p)]
+
+        inlined = True
+        while inlined:
+            inlined = False
+            for block in producers(main):
+                if sch.get(block).name_hint.endswith("_pad"):
+                    continue
+                try:
+                    sch.compute_inline(block)
+                    inlined = True
+                except s_tir.ScheduleError:  # not inlinable (e.g. a reduction): stays its own loop nest
+                    continue
+        for pad in (b for b in sch.get_producers(main) if sch.get(b).name_hint.endswith("_pad")):
+            *outer, _ = sch.get_loops(pad)
+            sch.parallel(sch.fuse(*outer))
+
+    @staticmethod
+    def _is_vector_matrix(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+        """Unit spatial axes, then one spatial axis J of static extent, then the only reduction axis."""
+        loops = sch.get_loops(block)
+        kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+        extents = [sch.get(loop).extent for loop in loops]
+        static = all(isinstance(e, tirx.IntImm) for e in extents)
+        return (
+            len(loops) >= 3 and static and all(int(e) == 1 for e in extents[:-2])
+            and kinds.count(tirx.IterVar.CommReduce) == 1 and kinds[-1] == tirx.IterVar.CommReduce
+        )
+
+    @staticmethod
+    def _normalize(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV) -> None:
+        """C[S, I, J] += A[S, I, K] * B[S, J, K] (the reindexed copies of A and B are inlined later)."""
+        reindex = [sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1)), sch.reindex(main, ("write", 0))]
+        matmul_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+        sch.transform_layout(reindex[0], ("write", 0), a_map)
+        sch.transform_layout(reindex[1], ("write", 0), b_map)
+        sch.transform_layout(reindex[2], ("read", 0), c_map)
+        sch.transform_block_layout(main, matmul_map)
+
+
+def _dense(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """a[..., K] @ w[K, N]."""
+    r = te.reduce_axis((0, w.shape[0]), "k")
+    return te.compute(
+        (*a.shape[:-1], w.shape[1]), lambda *i: te.sum(a[(*i[:-1], r)] * w[r, i[-1]], axis=r), name="matmul"
+    )
+
+
+def legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+    """x @ W with a constant W whose N is not a multiple of 64 (GPT-2's 50257-wide LM head): pad W once,
+    at compile time (FoldConstant), multiply over the padded width, keep the first N columns. Without
+    this the rule pads a copy of W on every call."""
+    weight = call.args[1]
+    if not compiling_for_cpu() or not isinstance(weight, tvm.ir.expr.Constant) or len(weight.ty.shape) != 2:
+        return None
+    n = int(weight.ty.shape[1])
+    if n % PAD_N == 0 or n < PAD_N or call.ty.dtype != "float32":
+        return None
+    padded = bb.emit_te(lambda w: topi.nn.pad(w, [0, 0], [0, -n % PAD_N]), weight, primfunc_name_hint="weight_pad")
+    full = bb.emit_te(_dense, call.args[0], padded, primfunc_name_hint="matmul")
+    begin, end = [0] * len(call.ty.shape), [int(d) for d in call.ty.shape]
+    return bb.call_te(topi.strided_slice, full, begin, end, primfunc_name_hint="slice")

@@ -1,0 +1,55 @@
+"""GPU conv2d as im2col + GEMM, so that DLight's matmul rules (tensor cores for fp16) schedule it.
+
+DLight has no convolution rule for CUDA: TVM's direct NCHW conv falls to ``dlight:Fallback`` (one thread
+per output element, no tiling), orders of magnitude off cuDNN, and the TVM wheel has no cuDNN. Here the
+legalisation writes the patches out (``im2col``: one memory-bound pass, cheap at HBM speed) and the conv
+becomes ``out[n, oc, p] = sum_r W[oc, r] * col[n, r, p]``, a batched matmul whose fused epilogue (bias,
+ReLU, residual add) DLight's ``Matmul`` schedules like any other.
+"""
+
+from __future__ import annotations
+
+from tvm import relax, te, topi
+from tvm.target import Target
+
+
+
+def _im2col(data: te.Tensor, kh: int, kw: int, strides, padding, dilation) -> te.Tensor:
+    """col[n, (ic, ky, kx), (y, x)] = padded input under each output pixel."""
+    n, ic, h, w = (int(d) for d in data.shape)
+    (sh, sw), (dh, dw) = [int(s) for s in strides], [int(d) for d in dilation]
+    pt, pl, pb, pr = (int(p) for p in padding)
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    return te.compute(
+        (n, ic * kh * kw, oh * ow),
+        lambda b, r, p: data[b, r // (kh * kw), p // ow * sh + r // kw % kh * dh, p % ow * sw + r % kw * dw],
+        name="im2col",
+    )
+
+
+def _gemm(weight: te.Tensor, col: te.Tensor, out_dtype: str) -> te.Tensor:
+    oc, n_r = int(weight.shape[0]), int(col.shape[1])
+    w = topi.reshape(weight, (oc, n_r))
+    r = te.reduce_axis((0, n_r), "r")
+    return te.compute(
+        (col.shape[0], oc, col.shape[2]),
+        lambda b, o, p: te.sum(w[o, r].astype(out_dtype) * col[b, r, p].astype(out_dtype), axis=r),
+        name="conv2d_gemm",
+    )
+
+
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+    """conv2d (NCHW, OIHW, groups 1) on CUDA -> im2col, GEMM, reshape; anything else as TVM does it."""
+    a = call.attrs
+    target = Target.current(allow_none=True)
+    plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
+    if target is None or target.kind.name != "cuda" or not plain:
+        return None
+    _, _, kh, kw = (int(d) for d in call.args[1].ty.shape)
+    out_dtype = call.ty.dtype
+    col = bb.emit_te(_im2col, call.args[0], kh, kw, a.strides, a.padding, a.dilation, primfunc_name_hint="im2col")
+    gemm = bb.emit_te(_gemm, call.args[1], col, out_dtype, primfunc_name_hint="conv2d_gemm")
+    return bb.call_te(topi.reshape, gemm, [int(d) for d in call.ty.shape], primfunc_name_hint="reshape")

@@ -1,0 +1,103 @@
+"""CPU conv2d / matmul rules and fast-math legalisations: odd shapes against onnxruntime, through the CLI."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests.helpers import compile_and_compare, make_model, rel_err
+
+F = TensorProto.FLOAT
+
+
+def _kernels(tmp_path) -> dict[str, str]:
+    with zipfile.ZipFile(tmp_path / "model.tvmpkg") as zf:
+        return json.loads(zf.read("manifest.json"))["kernels"]
+
+
+@pytest.mark.parametrize(
+    "ic, oc, hw, k, stride, pad, dilation",
+    [(3, 16, 17, 3, 2, 1, 1), (8, 24, 9, 1, 1, 0, 1), (5, 40, 11, 3, 1, 2, 2), (4, 7, 6, 5, 1, 2, 1)],
+)
+def test_conv_bias_relu_residual(capsys, tmp_path, rng, ic, oc, hw, k, stride, pad, dilation):
+    """Conv + bias + ReLU + residual add in one kernel; stride, padding, dilation, OC of no vector width."""
+    w = rng.standard_normal((oc, ic, k, k)).astype(np.float32) * 0.3
+    b = rng.standard_normal(oc).astype(np.float32)
+    out = (hw + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[stride] * 2, pads=[pad] * 4, dilations=[dilation] * 2),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Add", ["r", "skip"], ["y"]),
+    ]
+    model = make_model(
+        nodes, [("x", F, [2, ic, hw, hw]), ("skip", F, [2, oc, out, out])], [("y", F, [2, oc, out, out])], {"w": w, "b": b}
+    )
+    inputs = {"x": rng.standard_normal((2, ic, hw, hw)).astype(np.float32),
+              "skip": rng.standard_normal((2, oc, out, out)).astype(np.float32)}
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert "hand:CpuConv2d" in _kernels(tmp_path).values()
+
+
+@pytest.mark.parametrize("m, k, n", [(7, 33, 48), (13, 20, 37), (1, 64, 1000), (1, 9, 5)])
+def test_matmul_bias_gelu(capsys, tmp_path, rng, m, k, n):
+    """Dense + bias + GELU (fast erf); N not a multiple of the vector width (padded), batch-1 heads."""
+    w = rng.standard_normal((k, n)).astype(np.float32) * 0.2
+    b = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["y"])]
+    model = make_model(nodes, [("x", F, [m, k])], [("y", F, [m, n])], {"w": w, "b": b}, opset=20)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert "hand:CpuMatmul" in _kernels(tmp_path).values()
+
+
+def test_batched_attention_matmuls_and_tanh(capsys, tmp_path, rng):
+    """q @ k^T and p @ v over (batch, heads) with an odd sequence length, then tanh (fast tanh)."""
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("MatMul", ["s", "v"], ["o"]),
+        helper.make_node("Tanh", ["o"], ["y"]),
+    ]
+    shape = [2, 3, 19, 16]
+    model = make_model(nodes, [(n, F, shape) for n in "qkv"], [("y", F, shape)])
+    inputs = {n: rng.standard_normal(shape).astype(np.float32) * 0.3 for n in "qkv"}
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+
+
+def test_tanh_gelu_chain(capsys, tmp_path, rng):
+    """GPT-2's GELU as exported: Pow(x, 3) and Tanh in an elementwise chain (one vectorised kernel)."""
+    c = {"three": np.array(3.0, np.float32), "a": np.array(0.044715, np.float32),
+         "s": np.array(np.sqrt(2 / np.pi), np.float32), "half": np.array(0.5, np.float32), "one": np.array(1.0, np.float32)}
+    nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["p", "a"], ["pa"]),
+             helper.make_node("Add", ["x", "pa"], ["u"]), helper.make_node("Mul", ["u", "s"], ["us"]),
+             helper.make_node("Tanh", ["us"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+             helper.make_node("Mul", ["x", "t1"], ["xt"]), helper.make_node("Mul", ["xt", "half"], ["y"])]
+    model = make_model(nodes, [("x", F, [3, 1000, 7])], [("y", F, [3, 1000, 7])], c)
+    x = rng.standard_normal((3, 1000, 7)).astype(np.float32) * 3
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
+
+
+@pytest.mark.parametrize("c, hw, stride", [(24, 15, 2), (8, 14, 1), (5, 9, 1)])
+def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride):
+    """MobileNet's depthwise 3x3 + bias + ReLU6 (Clip)."""
+    w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c, strides=[stride] * 2, pads=[1] * 4),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["y"])]
+    out = (hw + 2 - 3) // stride + 1
+    inits = {"w": w, "b": b, "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    model = make_model(nodes, [("x", F, [2, c, hw, hw])], [("y", F, [2, c, out, out])], inits)
+    x = rng.standard_normal((2, c, hw, hw)).astype(np.float32) * 2
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert "hand:CpuDepthwise" in _kernels(tmp_path).values()
