@@ -4,8 +4,7 @@ GPU; against numpy and onnxruntime on the CPU.
 
 GPU, in two steps (the GPU machine has TVM's runtime only, so everything is compiled here first):
     python3 benchmarks/softmax.py --build            # here: all kernels -> build/gpu/softmax/ (one library)
-    python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png,
-                                                     #   DIR/softmax-variants-<device>.json (other layouts) and
+    python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png and
                                                      #   DIR/softmax-check-<device>.json (odd sizes, special values)
 CPU, here:          python3 benchmarks/softmax.py --cpu --out benchmarks/results
 Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) benchmarks/results/softmax-h200.json
@@ -32,45 +31,21 @@ CPU_SHAPES = [(1024, 1024), (8192, 128), (128, 16384), (8, 262144), (64, 50257)]
 DTYPES = ("float32", "float16")
 KINDS = ("softmax", "log_softmax")
 CHECK_COLS = (1, 3, 31, 1023, 1025, 4097, 50257, 131073)
-CHECK_ROWS = (5, 257)  # few rows (rows cut into many chunks) and many
-CHECK_REPEATS = 20  # extra calls of a checked chunks kernel, compared bit for bit with the first
-# Layouts checked beside the chosen ones, at CHECK_ROWS and both kinds and dtypes: the chunks kernel over odd
-# lengths in one or several chunks, and with patience 0, where every block but a row's last gives its slice up.
-CHECK_PLANS = [
-    (1025, {"kernel": "chunks", "lanes": 256, "chunks": 1}),
-    (4097, {"kernel": "chunks", "lanes": 256, "chunks": 1}),
-    (4097, {"kernel": "chunks", "lanes": 128, "chunks": 3}),
-    (50257, {"kernel": "chunks", "lanes": 256, "chunks": 5, "patience": 0}),
-    (131073, {"kernel": "chunks", "lanes": 512, "chunks": 7, "patience": 0}),
-]
-# Other CUDA layouts timed beside the chosen one, to tune cuda_plan by: schedules.softmax.CudaPlan fields, or
-# for the chunks kernel just lanes and chunks (schedules.softmax.chunk_plan fills in the rest). Old defaults
-# of the cases below target are kept as references; the rest are the chunks kernel's alternatives.
+CHECK_ROWS = (5, 257)  # few rows (split kernels for long rows) and many (row kernels)
+# Other CUDA layouts (schedules.softmax.CudaPlan fields) timed beside the chosen one, to tune cuda_plan by.
 VARIANTS = [
-    (4096, 4096, "float16", {"kernel": "chunks", "lanes": 128, "chunks": 1}),
-    (1024, 32768, "float32", {"kernel": "chunks", "lanes": 256, "chunks": 4}),
-    (1024, 32768, "float32", {"kernel": "chunks", "lanes": 512, "chunks": 2}),
-    (1024, 32768, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4}),  # the old default
-    (1024, 32768, "float16", {"kernel": "chunks", "lanes": 512, "chunks": 2}),
-    (1024, 32768, "float16", {"kernel": "chunks", "lanes": 128, "chunks": 8}),
-    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 8, "kernel": "split"}),  # old
-    (128, 131072, "float32", {"kernel": "chunks", "lanes": 256, "chunks": 16}),
-    (128, 131072, "float32", {"kernel": "chunks", "lanes": 512, "chunks": 8}),
-    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "chunks": 8, "kernel": "split"}),  # old
-    (128, 131072, "float16", {"kernel": "chunks", "lanes": 256, "chunks": 16}),
-    (128, 131072, "float16", {"kernel": "chunks", "lanes": 512, "chunks": 8}),
-    (16, 1048576, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 64, "kernel": "split"}),  # old
-    (16, 1048576, "float32", {"kernel": "chunks", "lanes": 256, "chunks": 128}),
-    (16, 1048576, "float32", {"kernel": "chunks", "lanes": 512, "chunks": 64}),
-    (16, 1048576, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "chunks": 64, "kernel": "split"}),  # old
-    (16, 1048576, "float16", {"kernel": "chunks", "lanes": 256, "chunks": 128}),
-    (16, 1048576, "float16", {"kernel": "chunks", "lanes": 512, "chunks": 64}),
-    (4096, 50257, "float32", {"lanes": 1024, "vec": 1, "per_thread": 50}),  # the best old layout
-    (4096, 50257, "float32", {"kernel": "chunks", "lanes": 512, "chunks": 3}),
-    (4096, 50257, "float32", {"kernel": "chunks", "lanes": 256, "chunks": 6}),
-    (4096, 50257, "float16", {"lanes": 1024, "vec": 1, "per_thread": 50}),  # the best old layout
-    (4096, 50257, "float16", {"kernel": "chunks", "lanes": 512, "chunks": 3}),
-    (4096, 50257, "float16", {"kernel": "chunks", "lanes": 128, "chunks": 10}),
+    (4096, 4096, "float32", {"lanes": 256, "vec": 4, "per_thread": 4}),
+    (4096, 4096, "float32", {"lanes": 512, "vec": 4, "per_thread": 2}),
+    (65536, 128, "float32", {"lanes": 32, "vec": 4, "per_thread": 1, "rows_per_block": 8}),
+    (65536, 128, "float32", {"lanes": 16, "vec": 4, "per_thread": 2, "rows_per_block": 16}),
+    (32768, 1024, "float16", {"lanes": 16, "vec": 8, "per_thread": 8, "rows_per_block": 16}),
+    (1024, 32768, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 2}),
+    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "chunks": 16}),
+    (16, 1048576, "float32", {"lanes": 256, "vec": 4, "per_thread": 8, "chunks": 128}),
+    (16, 1048576, "float16", {"lanes": 512, "vec": 8, "per_thread": 2, "chunks": 128}),
+    (4096, 50257, "float32", {"lanes": 1024, "vec": 1, "per_thread": 50}),
+    (4096, 50257, "float32", {"lanes": 512, "vec": 1, "per_thread": 50, "chunks": 2}),
+    (4096, 50257, "float16", {"lanes": 1024, "vec": 1, "per_thread": 50}),
 ]
 # Normwise tolerance of a timed output: max |y - ref| / max |ref|.
 BENCH_TOL = {"float32": 2e-5, "float16": 2e-3}
@@ -175,35 +150,21 @@ def _plan(rows: int, cols: int, dtype: str, target) -> str:
     return repr(cuda_plan(rows, cols, dtype, target.arch)) if target.is_gpu else "cpu"
 
 
-def variant_plan(rows: int, cols: int, dtype: str, spec: dict):
-    """The ``CudaPlan`` of a VARIANTS / CHECK_PLANS entry."""
-    import dataclasses
-
-    from schedules.softmax import CudaPlan, chunk_plan
-
-    if spec.get("kernel") != "chunks" or "per_thread" in spec:
-        return CudaPlan(**spec)
-    plan = chunk_plan(rows, cols, dtype, 132, spec["lanes"], spec["chunks"])
-    return dataclasses.replace(plan, **{k: v for k, v in spec.items() if k not in ("kernel", "lanes", "chunks")})
-
-
 def compile_cases(cases: list[dict], target_name: str):
-    """Compile the kernel of every case (``impl`` tvmpipe / default / variant: a layout of ours) into one
-    module; annotate the cases."""
+    """Compile the kernel of every case (``impl`` tvmpipe / default) into one module; annotate the cases."""
     import tvm
 
     from compiler import targets
 
-    from schedules.softmax import schedule_cuda
+    from schedules.softmax import CudaPlan, schedule_cuda
 
     target = targets.resolve(target_name)
     funcs = {}
     for case in cases:
         shape = (case["rows"], case["cols"], case["dtype"], case["kind"])
         if case["impl"] == "variant":
-            plan = variant_plan(*shape[:3], case["variant"])
-            func = schedule_cuda(*shape, plan).mod["main"]
-            case["plan"] = repr(plan)
+            func = schedule_cuda(*shape, CudaPlan(**case["variant"])).mod["main"]
+            case["plan"] = repr(CudaPlan(**case["variant"]))
         else:
             func, case["schedule"] = pipeline_kernel(*shape, target, case["impl"] == "tvmpipe")
         if case["impl"] == "tvmpipe":
@@ -227,11 +188,8 @@ def build(out: Path) -> None:
         {"impl": "tvmpipe", "kind": kind, "dtype": dt, "rows": r, "cols": c, "check": True}
         for kind in KINDS for dt in DTYPES for r in CHECK_ROWS for c in CHECK_COLS
     ] + [
-        {"impl": "variant", "kind": kind, "dtype": dt, "rows": r, "cols": c, "check": True, "variant": spec}
-        for c, spec in CHECK_PLANS for kind in KINDS for dt in DTYPES for r in CHECK_ROWS
-    ] + [
-        {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False, "variant": spec}
-        for r, c, dt, spec in VARIANTS
+        {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False, "variant": plan}
+        for r, c, dt, plan in VARIANTS
     ]
     for i, case in enumerate(cases):
         case["name"] = _name(case["impl"], case["kind"], case["dtype"], case["rows"], case["cols"])
@@ -298,15 +256,6 @@ def run(out: Path) -> None:
     seed = _seed_kernel()
     tdt = {"float32": torch.float32, "float16": torch.float16}
     records, variants, checks = [], [], []
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"softmax-{device}.json"
-
-    def save() -> None:
-        """Write what has been measured so far (a run cut short still leaves its results)."""
-        path.write_text(json.dumps(records, indent=1))
-        (out / f"softmax-variants-{device}.json").write_text(json.dumps(variants, indent=1))
-        (out / f"softmax-check-{device}.json").write_text(json.dumps(checks, indent=1))
-
     with tvm_ffi.use_torch_stream():
         for rows, cols in GPU_SHAPES:
             for dt in DTYPES:
@@ -337,26 +286,21 @@ def run(out: Path) -> None:
                     print(f"{record['impl']:>15} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
                           f"(copy {copy_tbps:.2f}) err {err:.1e} {schedule}", flush=True)
                 del x, y, ref, timed
-                save()
         rng = np.random.default_rng(0)
         for case in (c for c in cases if c["check"]):
             x = sample(case["rows"], case["cols"], case["dtype"], rng)
             xg = torch.from_numpy(x).cuda()
             yg = torch.full_like(xg, float("nan"))
-            fn = lib[case["name"]]
-            fn(tvm.runtime.from_dlpack(xg), tvm.runtime.from_dlpack(yg))
+            lib[case["name"]](tvm.runtime.from_dlpack(xg), tvm.runtime.from_dlpack(yg))
             bad, err = mismatches(yg.cpu().numpy(), x, case["kind"])
-            # Blocks that combine through global memory: repeated calls must give the same bits (a race would not).
-            again, differ = torch.empty_like(yg), 0
-            for _ in range(CHECK_REPEATS if "kernel='chunks'" in case["plan"] else 0):
-                fn(tvm.runtime.from_dlpack(xg), tvm.runtime.from_dlpack(again))
-                differ += not bool(((again == yg) | (again.isnan() & yg.isnan())).all())
             checks.append({k: case[k] for k in ("kind", "dtype", "rows", "cols", "plan")} | {
-                "device": device, "mismatches": bad, "max_err": err, "repeats_differing": differ,
-                "ok": bad == 0 and differ == 0})
-            print(f"check {case['name']}: {'ok' if bad == 0 else f'{bad} MISMATCHES'} (max err {err:.1e})"
-                  f"{f', {differ} repeats differ' if differ else ''}", flush=True)
-            save()
+                "device": device, "mismatches": bad, "max_err": err, "ok": bad == 0})
+            print(f"check {case['name']}: {'ok' if bad == 0 else f'{bad} MISMATCHES'} (max err {err:.1e})", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"softmax-{device}.json"
+    path.write_text(json.dumps(records, indent=1))
+    (out / f"softmax-variants-{device}.json").write_text(json.dumps(variants, indent=1))
+    (out / f"softmax-check-{device}.json").write_text(json.dumps(checks, indent=1))
     failed = [r for r in records + variants + checks if not r["ok"]]
     print(f"wrote {path} (+ -variants, -check); {len(failed)} numerics failures")
     plot(path)
@@ -509,23 +453,6 @@ def table(path: Path) -> str:
     return "\n".join(rows)
 
 
-def variants_table(path: Path) -> str:
-    """Markdown table of every layout timed for a case that has variants: the chosen one (from ``path``,
-    marked) and the ``-variants`` file's, best first."""
-    path = Path(path)
-    chosen = [r | {"chosen": True} for r in json.loads(path.read_text()) if r["impl"] == "tvmpipe"]
-    others = json.loads(path.with_name(path.name.replace("softmax-", "softmax-variants-", 1)).read_text())
-    lines = ["| rows x cols | dtype | layout | TB/s | / copy |", "|---|---|---|---|---|"]
-    for case in dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in chosen + others):
-        timed = [r for r in chosen + others if (r["rows"], r["cols"], r["dtype"]) == case]
-        if len(timed) > 1:
-            for r in sorted(timed, key=lambda r: -r["tbps"]):
-                layout = r["schedule"].replace("CudaPlan", "") + (" **chosen**" if r.get("chosen") else "")
-                lines.append(f"| {case[0]} x {case[1]} | {case[2]} | {layout}{'' if r['ok'] else ' (inexact)'} | "
-                             f"{r['tbps']:.2f} | {r['tbps'] / r['copy_tbps']:.2f} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -547,8 +474,6 @@ def main(argv: list[str] | None = None) -> int:
         plot(Path(args.plot))
     else:
         print(table(Path(args.table)))
-        if Path(args.table).with_name(Path(args.table).name.replace("softmax-", "softmax-variants-", 1)).exists():
-            print("\n" + variants_table(Path(args.table)))
     return 0
 
 

@@ -5,17 +5,13 @@ view the tensor as ``rows x cols`` and call ``softmax_tir.canonical``, marked ``
 opaque so that FuseOps keeps it whole. ``Softmax`` (``schedules.RULES``) recognises that PrimFunc and
 schedules it, choosing by row length and dtype:
 
-CUDA (``CudaPlan``; 128-bit vectors, float32 accumulation; the input is read from memory once):
+CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumulation):
 - short rows: ``lanes`` <= 32 threads (part of a warp) per row, several rows per block, row in
   registers, warp-shuffle reductions;
-- medium rows: one block per row, row in registers, block reductions;
-- long rows (more than a block's registers hold, or a 1024-thread block with little in flight), odd
-  lengths and too few rows to fill the GPU: ``softmax_tir.cuda_chunks``, each row in ``chunks`` blocks
-  of 256 threads, four per SM, that keep their slices in registers and combine their statistics in the
-  kernel (head/tail elements of odd rows apart, so that the body keeps 128-bit accesses);
-- rows longer than 1024 such chunks hold: a split over two kernels (partials, then combine + normalise)
-  that reads the input twice.
-The row cached in dynamic shared memory remains a ``CudaPlan`` (for the benchmark's side-by-side variants).
+- medium rows: one block per row, row in registers (or in dynamic shared memory when it does not fit
+  there), block reductions; the input is read from memory once in both;
+- long rows or too few rows to fill the GPU: each row split over ``chunks`` blocks that write
+  (max, sum) partials, then a combine + normalise kernel (two reads of the input, one write).
 CPU: parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
 read from memory once while it fits in cache.
 """
@@ -23,7 +19,7 @@ read from memory once while it fits in cache.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
@@ -38,12 +34,11 @@ DTYPES = ("float32", "float16")
 KERNEL_ATTR = "tvmpipe.kernel"
 _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kernel
 
-# Per-arch facts the CUDA target does not carry: SM count (H100/H200 SXM, A100).
+# Per-arch facts the CUDA target does not carry: SM count (H100/H200 SXM, A100) and the opt-in
+# dynamic shared memory per block.
 _SMS = {"sm_90": 132, "sm_80": 108}
+_SMEM = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
 _REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
-_CHUNK_REGS = 40  # the same in the chunks kernel, 64 registers in all (ptxas, sm_90: no spills up to 44)
-_CHUNK_THREADS = 1024  # threads per SM of the chunks kernel (64 registers each)
-_BIG_BLOCK = 128 << 10  # bytes in flight that keep one 1024-thread block per SM busy (H200: 0.94 of copy)
 _SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
 
 
@@ -80,14 +75,11 @@ legalize_log_softmax = _legalize("log_softmax")
 # ---------------------------------------------------------------- CUDA plans
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True)
 class CudaPlan:
     """How a row is spread over threads: ``lanes`` threads x ``per_thread`` vectors of ``vec`` elements
-    per row (or per chunk of a row when ``chunks`` > 1), ``rows_per_block`` rows per thread block.
-
-    ``kernel``: "rows" (``softmax_tir.cuda_rows``, the row slice cached in ``cache``: "local" = registers,
-    or "shared.dyn"), "split" (``cuda_split``: two kernels) or "chunks" (``cuda_chunks``: registers for
-    ``min_blocks`` blocks per SM, ``patience`` clock cycles of waiting for the row's other blocks)."""
+    per row (or per chunk of a row when ``chunks`` > 1), ``rows_per_block`` rows per thread block, the
+    row slice cached in ``cache`` ("local" = registers, or "shared.dyn")."""
 
     lanes: int
     vec: int
@@ -95,14 +87,6 @@ class CudaPlan:
     rows_per_block: int = 1
     cache: str = "local"
     chunks: int = 1
-    kernel: str = "rows"
-    min_blocks: int = 0
-    patience: int = 1 << 21
-
-    def __repr__(self) -> str:  # fields with non-default values only: readable in benchmark tables
-        kept = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                if f.default is MISSING or getattr(self, f.name) != f.default]
-        return f"CudaPlan({', '.join(kept)})"
 
     def regs(self) -> int:
         """32-bit registers per thread holding the cached slice as float32."""
@@ -125,39 +109,6 @@ def _block_plan(nvec: int, vec: int, max_lanes: int) -> CudaPlan:
     return CudaPlan(lanes, vec, _ceil(nvec, lanes))
 
 
-def chunk_plan(rows: int, cols: int, dtype: str, sms: int, lanes: int = 0, chunks: int = 0) -> CudaPlan | None:
-    """The chunks kernel's layout: 16-byte vectors, blocks of 256 threads and ``_CHUNK_THREADS`` per SM, each
-    thread holding as many vectors as its registers allow, in the fewest chunks per row that hold the row and
-    fill every block slot of the GPU; or ``chunks`` chunks of ``lanes`` threads when given. None for a row
-    longer than 1024 chunks of 1024 lanes hold."""
-    vec = 16 // (tvm.DataType(dtype).bits // 8)
-    nvec = max(1, cols // vec)
-    per = _CHUNK_REGS // vec
-
-    def plan(lanes: int, chunks: int) -> CudaPlan:
-        return CudaPlan(lanes, vec, _ceil(nvec, chunks * lanes), chunks=chunks, kernel="chunks",
-                        min_blocks=max(1, _CHUNK_THREADS // lanes))
-
-    if chunks:
-        return plan(lanes, chunks)
-    for lanes in (256, 512, 1024):  # more lanes only for more chunks than lanes (one partial per lane)
-        fit = min(max(_ceil(nvec, lanes * per), _ceil(sms * (_CHUNK_THREADS // lanes), rows)), nvec, lanes)
-        if fit * lanes * per >= nvec:
-            return plan(lanes, fit)
-    return None
-
-
-def _split_plan(rows: int, nvec: int, vec: int, sms: int) -> CudaPlan:
-    """Two-kernel split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM."""
-    fit = _ceil(nvec, 512 * _vec_budget(vec))
-    chunks = max(fit, _ceil(4 * sms, rows))
-    pow2 = 1 << (chunks - 1).bit_length()
-    chunks = pow2 if nvec % pow2 == 0 else chunks
-    chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
-    return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread),
-                    kernel="split")
-
-
 def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
     """Pick the CUDA layout for a [rows, cols] softmax (see the module docstring)."""
     itemsize = tvm.DataType(dtype).bits // 8
@@ -169,10 +120,17 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
     whole = _block_plan(nvec, vec, 1024)
     few = rows < sms and rows * cols * itemsize >= _SPLIT_BYTES  # one block per row would leave SMs idle
-    busy = whole.lanes <= 512 or whole.lanes * whole.per_thread * vec * itemsize >= _BIG_BLOCK
-    if not few and whole.regs() <= _REGS and busy:
+    if not few and whole.regs() <= _REGS:
         return whole
-    return chunk_plan(rows, cols, dtype, sms) or _split_plan(rows, nvec, vec, sms)
+    if not few and whole.per_thread * whole.lanes * vec * 4 <= _SMEM.get(arch, 48 * 1024):  # float32 cache
+        return CudaPlan(whole.lanes, vec, whole.per_thread, cache="shared.dyn")
+    # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
+    fit = _ceil(nvec, 512 * _vec_budget(vec))
+    chunks = max(fit, _ceil(4 * sms, rows))
+    pow2 = 1 << (chunks - 1).bit_length()
+    chunks = pow2 if nvec % pow2 == 0 else chunks
+    chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
+    return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
 
 
 def _schedule(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:
@@ -205,10 +163,7 @@ def _schedule_store(sch: s_tir.Schedule) -> None:
 
 def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -> s_tir.Schedule:
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
-    if plan.kernel == "chunks":  # written scheduled
-        return _schedule(softmax_tir.cuda_chunks(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
-                                                 plan.chunks, plan.min_blocks, plan.patience), kind)
-    if plan.kernel == "split":
+    if plan.chunks > 1:
         return _schedule_cuda_split(rows, cols, dtype, kind, plan)
     # A float32 cache in shared memory: CUDA rejects differently typed `extern __shared__` arrays of one name
     # (TVM names it after the buffer) in one module, as float32 and float16 kernels would have.

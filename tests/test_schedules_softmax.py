@@ -5,7 +5,6 @@ check in ``benchmarks/softmax.py``, which runs the same cases on the H200.
 """
 
 import json
-import re
 import zipfile
 
 import numpy as np
@@ -60,79 +59,47 @@ def _plans(cols: int, dtype: str) -> set:
     return {S.cuda_plan(rows, cols, dtype, "sm_90") for rows in (5, 257)}
 
 
-def _definition(rows: int, cols: int, dtype: str, kind: str, plan: S.CudaPlan):
-    """The TIR of ``plan`` that runs on the CPU: the tiled definition, or the chunks kernel's serial form."""
-    args = (rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread)
-    if plan.kernel == "chunks":
-        return softmax_tir.cuda_chunks(*args, plan.chunks, cuda=False)
-    return softmax_tir.cuda_split(*args, plan.chunks) if plan.kernel == "split" else softmax_tir.cuda_rows(*args)
-
-
-def _run_on_cpu(cases: list[tuple[int, str, str, S.CudaPlan]], rng) -> None:
-    """Compile (cols, dtype, kind, plan) cases' definitions for 7 rows, run them on special-valued inputs."""
-    funcs = {f"k{i}": _definition(7, *case).with_attr("global_symbol", f"k{i}") for i, case in enumerate(cases)}
+def test_cuda_definitions_on_cpu(rng):
+    """The tiled CUDA definitions (padding, chunking, the partial-combine formula), unscheduled, on the CPU."""
+    funcs, runs = {}, []
+    for dtype in S.DTYPES:
+        for cols in CHECK_COLS:
+            for i, plan in enumerate(sorted(_plans(cols, dtype), key=repr)):
+                for kind in S.KINDS:
+                    name = f"{kind}_{dtype}_{cols}_{i}"
+                    args = (7, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread)
+                    func = softmax_tir.cuda_split(*args, plan.chunks) if plan.chunks > 1 else softmax_tir.cuda_rows(*args)
+                    funcs[name] = func.with_attr("global_symbol", name)
+                    runs.append((name, cols, dtype, kind))
     exe = tvm.compile(tvm.IRModule(funcs), "llvm")
-    for i, (cols, dtype, kind, plan) in enumerate(cases):
+    for name, cols, dtype, kind in runs:
         x = sample(7, cols, dtype, rng)
         y = tvm.runtime.tensor(np.full_like(x, np.nan))
-        exe[f"k{i}"](tvm.runtime.tensor(x), y)
-        assert mismatches(y.numpy(), x, kind)[0] == 0, (cols, dtype, kind, plan)
-
-
-def test_cuda_definitions_on_cpu(rng):
-    """The CUDA layouts the planner picks for the checked sizes (padding, chunking, the partial-combine
-    formula), and the two-kernel split it falls back to for huge rows, on the CPU."""
-    cases = [(cols, dtype, kind, plan) for dtype in S.DTYPES for cols in CHECK_COLS
-             for plan in sorted(_plans(cols, dtype), key=repr) for kind in S.KINDS]
-    for dtype in S.DTYPES:
-        vec = 16 // np.dtype(dtype).itemsize
-        cases += [(cols, dtype, kind, S._split_plan(7, cols // vec, vec, 132))
-                  for cols in (4096, 65536) for kind in S.KINDS]
-    _run_on_cpu(cases, rng)
-
-
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_chunks_kernel_on_cpu(rng, chunks):
-    """``cuda_chunks`` with serial loops: odd lengths (head and tail elements apart from the vector body, rows
-    shorter than a vector), both dtypes and kinds, one or several chunks per row. Run one block after another,
-    every block but a row's last gives its slice up, so the releasing block's fallback path is checked too."""
-    cases = []
-    for dtype in S.DTYPES:
-        vec = 16 // np.dtype(dtype).itemsize
-        for cols in (1, 3, 37, 4097):
-            per_thread = max(1, -(-(cols // vec) // (chunks * 16)))
-            plan = S.CudaPlan(16, vec, per_thread, chunks=chunks, kernel="chunks")
-            cases += [(cols, dtype, kind, plan) for kind in S.KINDS]
-    _run_on_cpu(cases, rng)
+        exe[name](tvm.runtime.tensor(x), y)
+        assert mismatches(y.numpy(), x, kind)[0] == 0, name
 
 
 @pytest.mark.parametrize(
     "rows, cols, dtype, regime",
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 4096, "float32", "block"),
-     (1024, 32768, "float32", "block"), (1024, 32768, "float16", "chunks"), (4096, 50257, "float32", "chunks"),
-     (4096, 50257, "float16", "chunks"), (16, 1 << 20, "float32", "chunks"), (128, 131072, "float16", "chunks")],
+     (1024, 32768, "float16", "block"), (4096, 50257, "float32", "shared"), (16, 1 << 20, "float32", "split"),
+     (128, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
-    """Compile for sm_90 and read the CUDA source: 128-bit accesses (odd rows too), shuffles, one read of the
-    input; the chunks kernel's launch bounds, and its handshake exactly when a row has several chunks."""
+    """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, one read of the input."""
     plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-    assert (plan.kernel, plan.lanes <= 32) == ("chunks" if regime == "chunks" else "rows", regime == "warp")
+    assert (plan.chunks > 1, plan.cache == "shared.dyn", plan.lanes <= 32) == (
+        regime == "split", regime == "shared", regime == "warp")
     src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
+    kernels = src.count("__global__") // 2  # declaration + definition
+    assert kernels == (2 if regime == "split" else 1)
+    assert "__shfl_down_sync" in src
     vector = "float4" if dtype == "float32" else "uint4"
-    loads, stores = src.count(f"*({vector}*)(x_ptr"), src.count(f"*({vector}*)(y_ptr")
-    assert "__shfl_down_sync" in src and "extern __shared__" not in src
-    if regime != "chunks":
-        assert src.count("__global__") == 2  # declaration + definition
-        assert loads == stores == plan.per_thread and src.count("x_ptr + ") + src.count("x_ptr[") == plan.per_thread
-        return
-    assert plan.chunks <= plan.lanes and plan.per_thread * plan.vec <= S._CHUNK_REGS
-    assert f"__launch_bounds__({plan.lanes}, {plan.min_blocks})" in src
-    several, odd = plan.chunks > 1, cols % plan.vec != 0
-    assert src.count("__global__") == 2 * (1 + several)  # + the kernel zeroing the handshake flags
-    assert ("atomicCAS" in src, "__ldcg" in src) == (several, several)
-    # Each body vector read once, 128-bit; single elements: the head / tail, then the fallback path's reads.
-    assert loads == stores == plan.per_thread
-    assert len(re.findall(r"\bx_ptr\[", src)) == odd + several * (1 + odd)
+    if cols % (16 // np.dtype(dtype).itemsize) == 0:
+        assert f"*({vector}*)(x_ptr" in src and f"*({vector}*)(y_ptr" in src
+    assert ("extern __shared__" in src) == (regime == "shared")
+    # The row is loaded once (twice across the two kernels of the split schedule): count x_ptr loads.
+    assert src.count("x_ptr + ") + src.count("x_ptr[") == kernels * plan.per_thread
 
 
 # DLight-style Before/After: the canonical kernel of a 64 x 128 float32 softmax and its warp schedule
