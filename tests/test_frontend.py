@@ -85,6 +85,23 @@ def test_if_with_constant_condition(capsys, tmp_path, rng, big):
     np.testing.assert_allclose(ours["y"], ref["y"])
 
 
+def test_tiny_constants_are_not_folded_away(capsys, tmp_path, rng):
+    """``x + 1e-12`` and ``x * 1.000001`` are not no-ops (an epsilon guarding a division by zero)."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("Add", ["sq", "eps"], ["d"]),
+        helper.make_node("Div", ["x", "d"], ["q"]),
+        helper.make_node("Mul", ["q", "one"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", F, [3, 5])], [("y", F, [3, 5])],
+                       {"eps": np.array(1e-12, np.float32), "one": np.array(1.0001, np.float32)})
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    x[1] = 0.0  # 0 / (0 + eps) = 0; without eps it is NaN
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    assert np.isfinite(ours["y"]).all()
+    np.testing.assert_allclose(ours["y"], ref["y"], rtol=1e-6)
+
+
 def test_all_unsupported_ops_reported_at_once(capsys, tmp_path):
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="ok"),

@@ -184,6 +184,18 @@ def test_attention_recognised(capsys, tmp_path, rng, layout, sk, op, causal):
     assert (f'causal_mask="{causal}"' if causal else "causal_mask=None") in fused
 
 
+@pytest.mark.parametrize("bias_shape", [[], [1], [2, 1, 5, 1]])
+def test_attention_with_broadcast_bias(capsys, tmp_path, rng, bias_shape):
+    """A bias that broadcasts over the keys (a scalar, a per-query column) is still one attention kernel."""
+    g = blocks.Graph()
+    q, k, v = (g.input(n, [2, 3, 5, 4]) for n in "qkv")
+    scores = g.n("MatMul", [q, g.n("Transpose", [k], perm=[0, 1, 3, 2])])
+    bias = g.c(rng.standard_normal(bias_shape).astype(np.float32))
+    p = g.n("Softmax", [g.n("Add", [scores, bias])], axis=-1)
+    ks = check(capsys, tmp_path, g.model([g.n("MatMul", [p, v])]), rng)
+    assert [op for k in ks for op in k["ops"]].count("relax.nn.attention_bias") == 1, ks
+
+
 def test_attention_output_used_elsewhere_is_left_alone(capsys, tmp_path, rng):
     """If the probabilities are also a model output, fusing would compute them twice: keep the graph."""
     g = blocks.Graph()

@@ -30,11 +30,14 @@ slow = pytest.mark.slow  # each tuning run pays MetaSchedule's ~18 s import of T
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    """One MatMul+Relu kernel of odd sizes: a single tuning task."""
+    """One MatMul+Relu kernel of odd sizes: a single tuning task.
+
+    float64, because the hand-written CPU matmul rule takes float32/float16 kernels (and tuning skips
+    hand-scheduled kernels, see test_hand_scheduled_kernels_are_not_tuned)."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
-    m = make_model(nodes, [("x", TP.FLOAT, [24, 40])], [("y", TP.FLOAT, [24, 56])],
-                   {"w": rng.standard_normal((40, 56)).astype(np.float32)})
+    m = make_model(nodes, [("x", TP.DOUBLE, [24, 40])], [("y", TP.DOUBLE, [24, 56])],
+                   {"w": rng.standard_normal((40, 56))})
     return save(m, tmp_path_factory.mktemp("model") / "mm.onnx")
 
 
@@ -108,7 +111,7 @@ def test_compile_applies_log_and_matches_onnxruntime(capsys, tmp_path, monkeypat
     assert tvm_ffi.structural_equal(mod["fused_matmul_relu"], expected.with_attr("tirx.is_scheduled", True))
     assert not tvm_ffi.structural_equal(mod["fused_matmul_relu"].body, default.body, map_free_vars=True)
 
-    x = rng.standard_normal((24, 40)).astype(np.float32)
+    x = rng.standard_normal((24, 40))
     ref = ort_run(model, {"x": x})["y"]
     for pkg in ("tuned.tvmpkg", "plain.tvmpkg"):
         assert rel_err(load(tmp_path / pkg)(x=x)["y"], ref) < 1e-5
@@ -230,17 +233,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _accepts(port: int) -> bool:
+    """Whether something listens on localhost:port."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @slow
 def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
     """One tracker, two servers: the measurements go through both."""
     port = _free_port()
     py = [sys.executable, "-m"]
     # each serves from a child process: a session of its own lets the test end both (os.killpg)
+    tracker_log = open(tmp_path / "tracker.log", "w")
     procs = [subprocess.Popen(py + ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                                    "--port-end", str(port + 1)], stderr=subprocess.DEVNULL, start_new_session=True)]
+                                    "--port-end", str(port + 1)], stderr=tracker_log, start_new_session=True)]
     logs = [tmp_path / f"server{i}.log" for i in range(2)]
     try:
-        time.sleep(2)
+        deadline = time.time() + 120
+        while not _accepts(port):
+            assert procs[0].poll() is None, (tmp_path / "tracker.log").read_text()
+            assert time.time() < deadline, "the RPC tracker did not start listening"
+            time.sleep(0.2)
         for path in logs:
             p = _free_port()
             with open(path, "w") as f:
@@ -263,3 +277,4 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        tracker_log.close()

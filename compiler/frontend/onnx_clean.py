@@ -186,17 +186,42 @@ def _normalize_constants(graph: onnx.GraphProto) -> None:
         node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(np.asarray(value), node.output[0])))
 
 
+def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
+    """onnxscript's ``optimize`` without its rewrite rules.
+
+    Those rules match constants with a tolerance (``x + 1e-12`` is taken for ``x + 0`` and dropped, which
+    turns LayerNorm's epsilon into a division by zero); graph rewrites are our passes' job, on Relax.
+    """
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common
+    from onnxscript.optimizer import fold_constants_ir
+
+    m = ir.serde.deserialize_model(model)
+    common.InlinePass()(m)
+    for _ in range(iterations):
+        folded = fold_constants_ir(m, onnx_shape_inference=True, output_size_limit=1 << 26).modified
+        if not common.RemoveUnusedNodesPass()(m).modified and not folded:
+            break
+    ir.passes.Sequential(
+        common.RemoveUnusedFunctionsPass(),
+        common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common.LiftSubgraphInitializersToMainGraphPass(),
+        common.DeduplicateInitializersPass(),
+        common.OutputFixPass(),
+        common.NameFixPass(),
+    )(m)
+    return ir.serde.serialize_model(m)
+
+
 def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference + constant folding + If/function inlining with onnxscript's optimiser."""
-    import onnxscript.optimizer
-
     _normalize_constants(model.graph)
     # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
     del model.graph.value_info[:]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = onnxscript.optimizer.optimize(model, num_iterations=4, output_size_limit=1 << 26)
+            model = _optimize(model)
     except Exception as err:  # the optimiser is best effort: import the unoptimised graph instead
         warnings.warn(f"onnxscript optimiser failed ({type(err).__name__}: {err}); importing the raw graph")
         model = onnx.shape_inference.infer_shapes(model)

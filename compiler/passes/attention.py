@@ -194,8 +194,9 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     if shapes[3] != (*lead, sq, sk) or klead != vlead or klead[0] != lead[0] or klead[1:] not in ([], lead[1:], [1]):
         return out
     bias, bshape, causal = _bias(found, sq, sk, dtype(out))
-    if bias is not None and bshape[-1] != sk:
-        return out
+    if bias is not None and (not bshape or bshape[-1] != sk):  # a scalar or a per-query bias: spell out its keys
+        bshape = (*bshape[:-1], sk)
+        bias = relax.op.broadcast_to(bias, bshape)
     (qb, kb, vb), bias, back = _to_bsnh(q, kt, v, bias, bshape, shapes[:3], var2val)
     if klead[1:] != lead[1:]:  # the op wants as many K/V heads as query heads
         kb, vb = relax.op.repeat(kb, lead[1], axis=2), relax.op.repeat(vb, lead[1], axis=2)
