@@ -2,7 +2,7 @@
 ``apply(func, target, tunable) -> Schedule | None``.
 
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules: the kernels we
-write ourselves (softmax, attention) first, then the CPU defaults for what TVM would leave unscheduled.
+write ourselves (softmax, attention) first, then the CPU defaults for what TVM would leave unscheduled, and GPU kernels DLight schedules badly.
 """
 
 from . import attention, cpu_conv2d, gpu_conv2d, softmax
@@ -12,12 +12,14 @@ from .cpu_depthwise import CpuDepthwise
 from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul, legalize_matmul
+from .gpu_depthwise import GpuDepthwise
 
 RULES: list = [
     softmax.Softmax(),
     attention.Attention(),
     CpuConv2d(),
     CpuDepthwise(),
+    GpuDepthwise(),
     CpuMatmul(),
     CpuElementwise(),
 ]

@@ -17,18 +17,27 @@ from .common import largest_divisor, vector_shape
 BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 1)
 
 
+def depthwise_loops(sch: s_tir.Schedule) -> list | None:
+    """The loops (n, c, oh, ow, rc, ry, rx) of the kernel's depthwise conv block, or None if it has none."""
+    try:
+        conv = sch.get_sblock(BLOCK)
+    except Exception:  # noqa: BLE001 - get_sblock raises a TVM error when the block is absent
+        return None
+    loops = sch.get_loops(conv)
+    if len(loops) != 7 or int(sch.get(loops[4]).extent) != 1:  # not depthwise: channels reduced per group
+        return None
+    return loops
+
+
 class CpuDepthwise(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
-        try:
-            conv = sch.get_sblock(BLOCK)
-        except Exception:  # noqa: BLE001 - get_sblock raises a TVM error when the block is absent
+        loops = depthwise_loops(sch)
+        if loops is None:
             return None
-        loops = sch.get_loops(conv)
-        if len(loops) != 7 or int(sch.get(loops[4]).extent) != 1:  # not depthwise: channels reduced per group
-            return None
+        conv = sch.get_sblock(BLOCK)
         n, c, oh, ow, rc, ry, rx = loops
         lanes = largest_divisor(int(sch.get(ow).extent), (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
         for producer in sch.get_producers(conv):  # the padded input copy
