@@ -204,10 +204,11 @@ def test_cli_any_axis_log_softmax_and_default_schedules(capsys, tmp_path, rng):
              helper.make_node("Softmax", ["x"], ["c"], axis=-1)]
     model = make_model(nodes, [("x", TP.FLOAT16, [3, 5, 33])], [(n, TP.FLOAT16, [3, 5, 33]) for n in "abc"])
     x = (rng.standard_normal((3, 5, 33)) * 4).astype(np.float16)
-    for extra, hand in (((), 3), (("--no-custom-schedules",), 0)):
+    # (TVM's default float16 kernel accumulates in float16: a few ulps more error than ours, in float32)
+    for extra, hand, tol in (((), 3, 2e-3), (("--no-custom-schedules",), 0, 8e-3)):
         ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x}, extra_args=extra)
         for name in "abc":
-            assert rel_err(ours[name], ref[name]) < 2e-3, (extra, name)
+            assert rel_err(ours[name], ref[name]) < tol, (extra, name)
         with zipfile.ZipFile(tmp_path / "model.tvmpkg") as zf:
             kernels = json.loads(zf.read("manifest.json"))["kernels"]
         assert sum(v == "hand:Softmax" for v in kernels.values()) == hand, kernels

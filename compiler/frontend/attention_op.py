@@ -75,6 +75,7 @@ class Attention(OnnxOpConverter):
             if shape[-1] != sk:
                 raise NotImplementedError(f"attn_mask covers {shape[-1]} keys, not all {sk} (padding is not supported)")
             bias = relax.op.reshape(mask, [1] * (4 - len(shape)) + list(shape)) if len(shape) < 4 else mask
+            bias_mask = bias
         if attr.get("is_causal", 0):
             # The spec's causal frontier is key j <= query i + past (the past length, 0 without a cache).
             if past == 0:
@@ -87,6 +88,14 @@ class Attention(OnnxOpConverter):
                 bias = frontier if bias is None else relax.op.add(bias, frontier)
         scale = attr.get("scale", 1.0 / np.sqrt(d))
         out = bb.normalize(relax.op.nn.attention(qb, kb, vb, bias, scale=float(scale), causal_mask=causal))
+        if mask is not None:  # a query whose keys are all masked out: softmax gives NaN, the spec says Y = 0
+            # per key "not -inf" as ">= the lowest finite value" (a comparison with an infinity folds away under
+            # fast math, and a max reduction starts from the lowest finite value, not -inf), then any key per row
+            lowest = relax.const(np.finfo(dtype(q)).min, dtype(q))
+            allowed = relax.op.astype(relax.op.greater_equal(bias_mask, lowest), "int8")
+            live = relax.op.greater(relax.op.max(allowed, axis=-1, keepdims=True), relax.const(0, "int8"))
+            zero = relax.const(0.0, dtype(q))
+            out = bb.normalize(relax.op.where(relax.op.permute_dims(live, [0, 2, 1, 3]), out, zero))
         y = relax.op.reshape(out, [b, sq, hq * dv]) if three_d else relax.op.permute_dims(out, [0, 2, 1, 3])
         n = attr["tvm_custom"]["num_outputs"]
         return y if n == 1 else relax.Tuple([bb.normalize(y), kn, vn][:n])
