@@ -11,8 +11,8 @@ Fusion levels, so that what fusion buys can be measured side by side (``benchmar
   LayerNorm and attention recognition, transpose cancellation), then TVM's lowering with FuseOps + FuseTIR.
 - ``"tvm"``: TVM's stock lowering only (LegalizeOps + FuseOps + FuseTIR), what ``tvm.compile`` does.
 - ``"none"`` (``--no-fusion``): no fusion at all, ours or TVM's: every Relax op left after import is a
-  kernel of its own and every intermediate tensor goes through memory. (Import itself already folds BN
-  that directly follows a Conv/Gemm, in the frontend's ONNX cleaning, at every level.)
+  kernel of its own and every intermediate tensor goes through memory (BatchNormalization included: only
+  ``FoldBatchNorm`` folds it, the frontend's ONNX cleaning folds constants, it does not rewrite the graph).
 """
 
 from __future__ import annotations
