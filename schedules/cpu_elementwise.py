@@ -7,6 +7,8 @@ that divides the element count, so there is no tail) and spread over the cores.
 
 from __future__ import annotations
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
@@ -28,9 +30,13 @@ class CpuElementwise(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
+        # Left to the default lowering: data-dependent addresses, and per-element selects (concatenation,
+        # padding), which inlined into one block gave wrong results (ONNX test_rotary_embedding_3d_input).
+        if _gathers(func) or _calls(func, {"if_then_else"}):
+            return None
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(get_root_block(sch))
-        if len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
+        if not blocks or len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
             return None
         for block in blocks[:-1]:
             try:
@@ -44,9 +50,41 @@ class CpuElementwise(ScheduleRule):
         size = 1
         for e in extents:
             size *= int(e)
+        if size == 0:
+            return None
         lanes = largest_divisor(size, (vector_shape(target, "float32")[0], 8, 4, 2, 1))
         outer, inner = sch.split(sch.fuse(*loops), [None, lanes])
         if size >= PARALLEL_MIN:
             sch.parallel(outer)
-        sch.vectorize(inner)
+        if not _calls(func, NO_VECTOR_LOWERING):
+            sch.vectorize(inner)
         return sch
+
+
+def _gathers(func: tirx.PrimFunc) -> bool:
+    """Whether an address is read from memory (take, gather, scatter, unpooling): TVM's vectoriser does not
+    handle data-dependent addresses safely (RotaryEmbedding's position gather came out wrong)."""
+    loaded = lambda index: _any(index, tvm.ir.expr.TensorLoad, lambda _: True)  # noqa: E731
+    data_dependent = lambda access: any(loaded(i) for i in access.indices)  # noqa: E731
+    return _any(func.body, tvm.ir.expr.TensorLoad, data_dependent) or _any(func.body, tirx.BufferStore, data_dependent)
+
+
+# Intrinsics that TVM 0.27's LLVM codegen lowers only as scalars (a vectorised cosh fails to build).
+NO_VECTOR_LOWERING = {"cosh", "sinh"}
+
+
+def _calls(func: tirx.PrimFunc, ops: set[str]) -> bool:
+    """Whether ``func`` calls one of ``ops`` (names without their namespace: "tirx.cosh", "prim.if_then_else")."""
+    return _any(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)
+
+
+def _any(node, kind: type, pred) -> bool:
+    """Whether a ``kind`` node under ``node`` satisfies ``pred``."""
+    found = False
+
+    def visit(n) -> None:
+        nonlocal found
+        found = found or bool(pred(n))
+
+    tvm_ffi.structural_walk(node, [(kind, visit)], order="post")
+    return found
