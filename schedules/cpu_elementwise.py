@@ -62,8 +62,8 @@ class CpuElementwise(ScheduleRule):
 
 
 def _gathers(func: tirx.PrimFunc) -> bool:
-    """Whether an address is read from memory (take, gather, scatter, unpooling): TVM's vectoriser does not
-    handle data-dependent addresses safely (RotaryEmbedding's position gather came out wrong)."""
+    """Whether an address is read from memory (take, gather, scatter, unpooling): the rule assumes one output
+    written element by element, which scatters are not (ONNX test_scatter_elements_*, test_maxunpool_* broke it)."""
     loaded = lambda index: _any(index, tvm.ir.expr.TensorLoad, lambda _: True)  # noqa: E731
     data_dependent = lambda access: any(loaded(i) for i in access.indices)  # noqa: E731
     return _any(func.body, tvm.ir.expr.TensorLoad, data_dependent) or _any(func.body, tirx.BufferStore, data_dependent)
