@@ -78,6 +78,7 @@ class CpuConv2d(ScheduleRule):
         sch.transform_layout(conv, ("write", 0), lambda b, o, y, x: (b, y, x, o))
         sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
         auto_inline_consumer_chain(sch, acc)
+        sch.vectorize(sch.get_loops(acc)[-1])  # the tile's store (with the epilogue) along contiguous columns
         sch.unroll(ow1)
         sch.unroll(oc1)
         sch.vectorize(oc2)

@@ -7,6 +7,8 @@ import zipfile
 
 import numpy as np
 import pytest
+import tvm
+import tvm_ffi
 from onnx import TensorProto, helper
 
 from tests.helpers import compile_and_compare, make_model, rel_err
@@ -41,6 +43,29 @@ def test_conv_bias_relu_residual(capsys, tmp_path, rng, ic, oc, hw, k, stride, p
     ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
     assert rel_err(ours["y"], ref["y"]) < 1e-5
     assert "hand:CpuConv2d" in _kernels(tmp_path).values()
+
+
+def test_conv_epilogue_is_stored_in_vectors(tmp_path, rng):
+    """The tile's epilogue (bias + residual) is written with vector stores along the output row: scalar
+    stores of it made a fused 1x1 conv 3x slower than the same conv without epilogue."""
+    from compiler import pipeline
+    from tests.helpers import save
+
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
+    w = rng.standard_normal((16, 16, 1, 1)).astype(np.float32)
+    model = make_model(nodes, [("x", F, [1, 16, 32, 32])], [("y", F, [1, 16, 32, 32])],
+                       {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
+    (name,) = [n for n, rule in prep.hand.items() if rule == "CpuConv2d"]
+    func = prep.mod[name]
+    out = func.params[-1].name
+    vector_stores = []
+
+    def stores_out(node) -> None:
+        tvm_ffi.structural_walk(node.body, [(tvm.tirx.BufferStore, lambda st: vector_stores.append(st.buffer.name))])
+
+    tvm_ffi.structural_walk(func.body, [(tvm.tirx.For, lambda f: stores_out(f) if f.kind == tvm.tirx.ForKind.VECTORIZED else None)])
+    assert out in vector_stores, func.script()[-1500:]
 
 
 @pytest.mark.parametrize("m, k, n", [(7, 33, 48), (13, 20, 37), (1, 64, 1000), (1, 9, 5)])
