@@ -76,7 +76,7 @@ class Task:
     trials: int = 0
     errors: int = 0
     best: float | None = None  # seconds
-    default: float | None = None  # seconds, the untuned schedule (``tuning.default_schedule``); None: failed
+    default: float | None = None  # seconds, the untuned schedule (``tuning.default_schedule``); None: not measured
 
     def add(self, secs: float | None) -> None:
         self.trials += 1
@@ -119,7 +119,7 @@ class Job:
             return None
         return sum(t.weight * t.best for t in self.tasks) * 1e6
 
-    def default_us(self) -> float | None:
+    def estimate_default_us(self) -> float | None:
         """The same sum over the untuned schedules."""
         if any(t.default is None for t in self.tasks):
             return None
@@ -137,7 +137,7 @@ class Job:
                     total.append([n, sum(t.weight * b for t, b in zip(self.tasks, best)) * 1e6])
         return {**self.meta, "status": status, "trials": self.trials(), "compacted_away": self.compacted_away,
                 "elapsed_s": round(self.elapsed_before + time.time() - self.started, 1),
-                "estimated_total_us": self.estimate_us(), "estimated_default_us": self.default_us(),
+                "estimated_total_us": self.estimate_us(), "estimated_default_us": self.estimate_default_us(),
                 "tasks": [{**t.row(), "curve_us": c} for t, c in zip(self.tasks, per_task)],
                 "curve_total_us": total}
 

@@ -312,6 +312,7 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
         assert r.code == 0, r.err
         report = json.loads((tmp_path / "log" / "tuning_report.json").read_text())
         assert report["trials"] == 8 and report["tasks"][0]["errors"] == 0 and report["runner"].startswith("rpc")
+        assert report["tasks"][0]["default_us"] > 0  # measured through the same RPC runner
         assert all("load_module" in path.read_text() for path in logs)
     finally:
         for p in procs:
