@@ -16,7 +16,8 @@ log's directory name) is this machine's:
    still ends with a usable log.
 2. Compact the log to the best ``--keep`` records per kernel (small enough to commit).
 3. Compile twice from the same prepared module: without a log (DLight on GPU, TVM's default lowering on CPU) and
-   with it; check both against onnxruntime on the same random inputs; time both with TVM's time_evaluator
+   with it (a kernel whose tuned records do not beat the default measured by the job keeps the default:
+   ``kernels_kept_default``); check both against onnxruntime on the same random inputs; time both with TVM's time_evaluator
    (device-synchronised on CUDA), alternating rounds so that both see the same machine state.
 
 Writes benchmarks/results/tuning-demo-T.json, or with ``--out DIR``: DIR/tuning-demo-T.json and a copy of the log
@@ -110,12 +111,13 @@ def main() -> None:
         "command": "python benchmarks/tune_demo.py " + " ".join(sys.argv[1:]),
         "target": manifests["after"]["target"],
         "host": {"machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version()},
-        "tuning": {k: report[k] for k in ("model_key", "cost_model", "status", "trials", "trials_budget", "elapsed_s",
-                                          "estimated_total_us", "search")},
+        "tuning": {k: report.get(k) for k in ("model_key", "cost_model", "status", "trials", "trials_budget",
+                                              "elapsed_s", "estimated_total_us", "estimated_default_us", "search")},
         "tuning_wall_s": round(tune_s, 1),
         "log": str(log.relative_to(REPO)),
         "kernels_tuned": sorted(k for k, v in kernels.items() if v == "tuned"),
-        "kernels_not_tuned": {k: v for k, v in kernels.items() if v != "tuned"},
+        "kernels_kept_default": sorted(k for k, v in kernels.items() if v.endswith(" (tuned slower)")),
+        "kernels_not_tuned": {k: v for k, v in kernels.items() if v != "tuned" and not v.endswith(" (tuned slower)")},
         "median_ms_per_round": ms,
         "before_ms": float(np.median(ms["before"])),
         "after_ms": float(np.median(ms["after"])),

@@ -90,7 +90,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     gpu = manifest.get("gpu_code")
     extra = f", GPU code: {gpu['format']} ({' + '.join(gpu['images'])})" if gpu else ""
     log = manifest["tuning_log"]
-    extra += f", {log['tuned_kernels']} kernels tuned (log {log['path']})" if log else ""
+    if log:
+        kept = f", {log['kept_default']} kept their default (tuned slower)" if log["kept_default"] else ""
+        extra += f", {log['tuned_kernels']} kernels tuned{kept} (log {log['path']})"
     print(
         f"compiled {args.model} for {manifest['target']['name']} ({manifest['target']['summary']}) -> {out}: "
         f"{len(manifest['kernels'])} kernels, {_human_bytes(out.stat().st_size)}{extra}, {secs:.1f} s"

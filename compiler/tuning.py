@@ -7,7 +7,10 @@ shapes and the options that change the kernel set. Records are matched per kerne
 structural workload equality, so after a pipeline change a log still applies to every kernel that did not change.
 
 ``apply(mod, target, log)`` reports, per kernel, where its schedule came from ("tuned", "dlight:<Rule>", or
-"default": plain TIR lowered as is on CPU).
+"default": plain TIR lowered as is on CPU). MetaSchedule only compares its own candidates, so ``tvmpipe tune``
+also measures each kernel's default schedule (``default_schedule``) and records it in the report; a tuned record
+that does not beat it is not applied, and the kernel's provenance says so ("default (tuned slower)",
+"dlight:Matmul (tuned slower)"). Logs without that measurement (older ones) apply every matching record.
 """
 
 from __future__ import annotations
@@ -67,54 +70,72 @@ def _dlight_rules(target: TargetInfo) -> list:
     return []
 
 
-def _open_log(log: str | Path, target: TargetInfo) -> object:
-    """The MetaSchedule database of a log directory, or a clear error."""
+def default_schedule(func: tirx.PrimFunc, target: TargetInfo) -> tuple[tirx.PrimFunc | None, str]:
+    """What a kernel gets without a log, and its provenance: a DLight rule on GPU, or None (lowered as is) on
+    CPU. Call it under ``with target.target``."""
+    for rule in _dlight_rules(target):
+        sch = rule.apply(func, target.target, False)
+        if sch is not None:
+            sch = sch[0] if isinstance(sch, list) else sch
+            return sch.mod["main"].with_attr("tirx.is_scheduled", True), f"dlight:{type(rule).__name__}"
+    return None, "default"
+
+
+def _open_log(log: str | Path, target: TargetInfo) -> tuple[object, dict[str, float]]:
+    """The MetaSchedule database of a log directory and the default latencies (us) its report holds per
+    kernel, or a clear error."""
     path = Path(log)
     if not tuning_log.exists(path):
         raise TvmpipeError(f"tuning log not found: {path} (expected {tuning_log.WORKLOADS} and {tuning_log.RECORDS})")
     report = path / tuning_log.REPORT
-    tuned_for = json.loads(report.read_text())["target"]["spec"] if report.is_file() else target.spec
+    meta = json.loads(report.read_text()) if report.is_file() else {}
+    tuned_for = meta.get("target", {}).get("spec", target.spec)
     if tuned_for != target.spec:
         warnings.warn(f"tuning log {path} was made for {tuned_for}, this target is {target.spec}: "
                       "its schedules apply, their speed may differ here")
-    return tuning_log.database(path, tuning_log.read(path))
+    defaults = {t["name"]: t["default_us"] for t in meta.get("tasks", []) if t.get("default_us")}
+    return tuning_log.database(path, tuning_log.read(path)), defaults
 
 
 def apply(mod: tvm.IRModule, target: TargetInfo, log: str | Path | None = None) -> tuple[tvm.IRModule, dict, dict | None]:
     """Schedule every kernel not yet scheduled, from the log first; return the module, {kernel: provenance}
     and what the manifest records about the log (None without one)."""
-    database = _open_log(log, target) if log is not None else None
+    database, defaults = _open_log(log, target) if log is not None else (None, {})
     mod = mod.clone()  # the caller's module stays as it was (compile it again with another log)
     prims = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)}
     if database is not None and needs_tensor_intrinsics(prims.values()):
         from tvm.s_tir import tensor_intrin  # noqa: F401  (tuned traces may tensorize: replaying needs the registry)
     normalize = tvm.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")  # MetaSchedule's workload form
     provenance: dict[str, str] = {}
-    rules = _dlight_rules(target)
     updates = {}
+    matched = 0
     with target.target:
         for gvar, func in prims.items():
-            provenance[gvar.name_hint] = "default"
-            sch = database.query_schedule(normalize(func), target.target, gvar.name_hint) if database else None
-            if sch is not None:
-                new = sch.mod["main"]
+            name = gvar.name_hint
+            record = database.query_tuning_record(normalize(func), target.target, name) if database else None
+            matched += record is not None
+            if record is not None and (name not in defaults or _mean_us(record.run_secs) < defaults[name]):
+                new = record.as_measure_candidate().sch.mod["main"]
                 if func.attrs is None or "global_symbol" not in func.attrs:  # normalize_mod added one
                     new = new.without_attr("global_symbol")
                 updates[gvar] = new.with_attr("tirx.is_scheduled", True)
-                provenance[gvar.name_hint] = "tuned"
+                provenance[name] = "tuned"
                 continue
-            for rule in rules:
-                sch = rule.apply(func, target.target, False)
-                if sch is not None:
-                    sch = sch[0] if isinstance(sch, list) else sch
-                    updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-                    provenance[gvar.name_hint] = f"dlight:{type(rule).__name__}"
-                    break
+            new, provenance[name] = default_schedule(func, target)
+            if new is not None:
+                updates[gvar] = new
+            if record is not None:
+                provenance[name] += " (tuned slower)"
     for gvar, func in updates.items():
         mod[gvar] = func
     if database is None:
         return mod, provenance, None
-    tuned = sum(v == "tuned" for v in provenance.values())
-    if not tuned:
+    if not matched:
         warnings.warn(f"tuning log {log} has no record for any kernel of this model (tuned for another model?)")
-    return mod, provenance, {"path": str(log), "records": len(database), "tuned_kernels": tuned}
+    tuned = sum(v == "tuned" for v in provenance.values())
+    return mod, provenance, {"path": str(log), "records": len(database), "tuned_kernels": tuned,
+                             "kept_default": matched - tuned}
+
+
+def _mean_us(run_secs) -> float:
+    return sum(float(s) for s in run_secs) / len(run_secs) * 1e6

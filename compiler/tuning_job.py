@@ -26,6 +26,10 @@ module adds what a long job needs:
 - Visible. A tqdm bar driven by a measure callback; a MetaSchedule-style table at the end; ``tuning_report.json``
   (rewritten after every batch) and ``tuning_curve.png`` in the log directory; MetaSchedule's own log in
   ``logs/`` there.
+- Baseline. MetaSchedule only compares its own candidates, never the schedule a kernel gets without a log (the
+  default lowering on CPU, DLight on GPU), and a tuned schedule can lose to it. So each task's default schedule
+  is measured once (``_measure_defaults``, same builder and runner as the trials; a resumed job reuses the
+  report's value) into the report's ``default_us``, and compile keeps the default where no record beats it.
 - Distributed measurement. ``rpc="HOST:PORT"`` measures on every RPC server registered under ``rpc_key`` with
   TVM's tracker (MetaSchedule's RPCRunner, one connection per free server).
 """
@@ -56,6 +60,7 @@ from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 from . import tuning, tuning_log
 from .errors import TvmpipeError
 from .schedules import is_scheduled
+from .targets import TargetInfo
 
 COST_MODELS = ("xgb", "random")
 
@@ -71,6 +76,7 @@ class Task:
     trials: int = 0
     errors: int = 0
     best: float | None = None  # seconds
+    default: float | None = None  # seconds, the untuned schedule (``tuning.default_schedule``); None: not measured
 
     def add(self, secs: float | None) -> None:
         self.trials += 1
@@ -82,8 +88,9 @@ class Task:
     def row(self) -> dict:
         us = self.best * 1e6 if self.best is not None else None
         gflops = self.flop / self.best / 1e9 if self.best else None
+        default = self.default * 1e6 if self.default is not None else None
         return {"name": self.name, "flop": self.flop, "weight": self.weight, "trials": self.trials,
-                "errors": self.errors, "best_us": us, "gflops": gflops}
+                "errors": self.errors, "best_us": us, "gflops": gflops, "default_us": default}
 
 
 @dataclass
@@ -112,6 +119,12 @@ class Job:
             return None
         return sum(t.weight * t.best for t in self.tasks) * 1e6
 
+    def estimate_default_us(self) -> float | None:
+        """The same sum over the untuned schedules."""
+        if any(t.default is None for t in self.tasks):
+            return None
+        return sum(t.weight * t.default for t in self.tasks) * 1e6
+
     def report(self, status: str) -> dict:
         best: list[float | None] = [None] * len(self.tasks)
         per_task: list[list] = [[] for _ in self.tasks]
@@ -124,7 +137,7 @@ class Job:
                     total.append([n, sum(t.weight * b for t, b in zip(self.tasks, best)) * 1e6])
         return {**self.meta, "status": status, "trials": self.trials(), "compacted_away": self.compacted_away,
                 "elapsed_s": round(self.elapsed_before + time.time() - self.started, 1),
-                "estimated_total_us": self.estimate_us(),
+                "estimated_total_us": self.estimate_us(), "estimated_default_us": self.estimate_default_us(),
                 "tasks": [{**t.row(), "curve_us": c} for t, c in zip(self.tasks, per_task)],
                 "curve_total_us": total}
 
@@ -146,6 +159,35 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params) -> tvm.runtime
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def _measure_defaults(tasks: list[Task], info: TargetInfo, builder, runner) -> None:
+    """Measure the untuned schedule of every task that has none yet, as MetaSchedule measures a candidate."""
+    todo = [t for t in tasks if t.default is None]
+    if not todo:
+        return
+    print(f"measuring the untuned schedule of {len(todo)} kernels", file=sys.stderr)
+    target = info.target
+    mods = []
+    with target:
+        for t in todo:
+            func, _ = tuning.default_schedule(t.mod["main"], info)
+            mods.append(t.mod if func is None else tvm.IRModule({"main": func}))
+    built = builder.build([ms.builder.BuilderInput(mod, target) for mod in mods])
+    device = tvm.runtime.device(target.get_target_device_type()).__device_type_name__()  # "cpu", "cuda"
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(m["main"]))
+              for b, m in zip(built, mods) if b.error_msg is None]
+    results = iter(f.result() for f in runner.run(inputs))
+    for t, b in zip(todo, built):
+        if b.error_msg is not None:
+            warnings.warn(f"could not build the default schedule of {t.name}: {b.error_msg}")
+            continue
+        ran = next(results)
+        ms.utils.remove_build_dir(b.artifact_path)
+        if ran.error_msg is None and ran.run_secs:
+            t.default = sum(float(s) for s in ran.run_secs) / len(ran.run_secs)
+        else:
+            warnings.warn(f"could not run the default schedule of {t.name}: {ran.error_msg}")
 
 
 def _runner(rpc: str | None, key: str | None):
@@ -246,17 +288,26 @@ def _bar(total: int, initial: int):
 
 def summary(report: dict) -> str:
     """A table like MetaSchedule's tuning statistics, for the whole log (earlier runs included)."""
-    head = f"{'ID':>3}  {'Task':<44} {'FLOP':>10} {'Weight':>6} {'GFLOPS':>8} {'Latency (us)':>12} {'Trials':>6} {'Errors':>6}"
+    head = (f"{'ID':>3}  {'Task':<44} {'FLOP':>10} {'Weight':>6} {'GFLOPS':>8} {'Latency (us)':>12} "
+            f"{'Default (us)':>12} {'Trials':>6} {'Errors':>6}")
     rows = [head, "-" * len(head)]
+    slower = 0
     for i, t in enumerate(report["tasks"]):
-        lat = f"{t['best_us']:12.2f}" if t["best_us"] is not None else f"{'N/A':>12}"
+        best, default = t["best_us"], t.get("default_us")
+        lat = f"{best:12.2f}" if best is not None else f"{'N/A':>12}"
         gfl = f"{t['gflops']:8.2f}" if t["gflops"] is not None else f"{'N/A':>8}"
-        rows.append(f"{i:>3}  {t['name'][:44]:<44} {int(t['flop']):>10} {t['weight']:>6} {gfl} {lat} "
+        mark = "*" if default is not None and (best is None or best >= default) else " "
+        slower += mark == "*"
+        dft = f"{default:11.2f}{mark}" if default is not None else f"{'N/A':>12}"
+        rows.append(f"{i:>3}  {t['name'][:44]:<44} {int(t['flop']):>10} {t['weight']:>6} {gfl} {lat} {dft} "
                     f"{t['trials']:>6} {t['errors']:>6}")
-    total = report["estimated_total_us"]
+    total, default = report["estimated_total_us"], report.get("estimated_default_us")
     rows.append("-" * len(head))
     rows.append(f"{report['trials']} trials in {report['elapsed_s']:.0f} s ({report['status']}); estimated total "
-                f"(sum of weight x latency): {f'{total:.2f} us' if total is not None else 'N/A'}")
+                f"(sum of weight x latency): {f'{total:.2f} us' if total is not None else 'N/A'}, untuned "
+                f"{f'{default:.2f} us' if default is not None else 'N/A'}")
+    if slower:
+        rows.append(f"* {slower} kernels: no tuned schedule beats the default yet, compile keeps the default")
     return "\n".join(rows)
 
 
@@ -376,11 +427,17 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
                   compacted_away=previous.get("compacted_away", 0))
         for task, secs in history:
             job.add(task, secs)
+        stored = {t["name"]: t.get("default_us") for t in previous.get("tasks", [])}
+        for task in tasks:
+            task.default = stored[task.name] / 1e6 if stored.get(task.name) else None
         if done:
             print(f"resuming {log_dir}: {done} of {trials} trials measured, {remaining} to go", file=sys.stderr)
         contexts = _contexts(job, records, prep.target.target, population, cores, seed)
         model = _cost_model(cost_model, contexts, records, cores, seed)
         intrinsics = tuning.needs_tensor_intrinsics(t.mod["main"] for t in tasks)
+        builder = ms.builder.LocalBuilder(f_build=None if intrinsics else _build, max_workers=cores)
+        _measure_defaults(tasks, prep.target, builder, runner)
+        job.save("running")
         bar = _bar(trials, done)
         status = "failed"
         with _meta_schedule_log(log_dir / "logs" / "meta_schedule.log"), _stop_on_sigint(job):
@@ -388,8 +445,7 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
                 ms.tune.tune_tasks(
                     tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=str(log_dir),
                     max_trials_global=remaining, num_trials_per_iter=per_batch,
-                    builder=ms.builder.LocalBuilder(f_build=None if intrinsics else _build, max_workers=cores),
-                    runner=runner, database=database, cost_model=model,
+                    builder=builder, runner=runner, database=database, cost_model=model,
                     measure_callbacks=ms.measure_callback.MeasureCallback.create("default") + [_Progress(job, bar)],
                     task_scheduler=ms.task_scheduler.GradientBased(seed=-1 if seed is None else seed))
                 status = "interrupted" if job.stopping else "complete"

@@ -69,6 +69,19 @@ def _database(log: Path):
     return tuning_log.database(log, tuning_log.read(log))
 
 
+def _with_default(log: Path, dest: Path, default_us: float | None) -> Path:
+    """A copy of a log whose report records ``default_us`` as every kernel's untuned latency (None: none, as in
+    logs written before it was measured)."""
+    log = shutil.copytree(log, dest)
+    report = json.loads((log / "tuning_report.json").read_text())
+    for task in report["tasks"]:
+        task.pop("default_us")
+        if default_us is not None:
+            task["default_us"] = default_us
+    (log / "tuning_report.json").write_text(json.dumps(report))
+    return log
+
+
 def _manifest(pkg: Path) -> dict:
     import zipfile
 
@@ -83,15 +96,16 @@ def test_tune_report_and_summary(tuned):
     (task,) = report["tasks"]
     assert task["name"] == "fused_matmul_relu" and task["trials"] == 8 and task["flop"] == 2 * 24 * 40 * 56 + 24 * 56  # matmul + relu
     assert task["best_us"] > 0 and task["curve_us"][-1][1] == task["best_us"] == report["estimated_total_us"]
+    assert task["default_us"] > 0 and task["default_us"] == report["estimated_default_us"]  # the untuned schedule
     assert (tuned / "tuning_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @slow
 def test_compile_applies_log_and_matches_onnxruntime(capsys, tmp_path, monkeypatch, model, tuned, rng):
     """compile finds tuning_logs/cpu/<model key>/ by itself, the kernel takes the log's best schedule, and the
-    result still matches onnxruntime."""
+    result still matches onnxruntime (the recorded default made slow: 8 trials need not beat it)."""
     report = json.loads((tuned / "tuning_report.json").read_text())
-    shutil.copytree(tuned, tmp_path / "tuning_logs" / "cpu" / report["model_key"])
+    _with_default(tuned, tmp_path / "tuning_logs" / "cpu" / report["model_key"], 1e9)
     monkeypatch.chdir(tmp_path)
     r = run_cli(capsys, "compile", model, "--target", "cpu", "-o", "tuned.tvmpkg")
     assert r.code == 0 and "1 kernels tuned" in r.out, r.out + r.err
@@ -105,7 +119,7 @@ def test_compile_applies_log_and_matches_onnxruntime(capsys, tmp_path, monkeypat
 
     prep = pipeline.prepare(model, "cpu")
     default = prep.mod["fused_matmul_relu"]
-    mod, _, _ = tuning.apply(prep.mod, prep.target, tuned)
+    mod, _, _ = tuning.apply(prep.mod, prep.target, tmp_path / "tuning_logs" / "cpu" / report["model_key"])
     best = _database(tuned).get_all_tuning_records()[0]  # fastest first
     expected = best.as_measure_candidate().sch.mod["main"].without_attr("global_symbol")
     assert tvm_ffi.structural_equal(mod["fused_matmul_relu"], expected.with_attr("tirx.is_scheduled", True))
@@ -115,6 +129,32 @@ def test_compile_applies_log_and_matches_onnxruntime(capsys, tmp_path, monkeypat
     ref = ort_run(model, {"x": x})["y"]
     for pkg in ("tuned.tvmpkg", "plain.tvmpkg"):
         assert rel_err(load(tmp_path / pkg)(x=x)["y"], ref) < 1e-5
+
+
+@slow
+def test_log_slower_than_the_default_is_not_applied(capsys, tmp_path, model, tuned, rng):
+    """A kernel whose best record does not beat its recorded untuned latency keeps the default schedule; a log
+    without that latency (older logs) applies its records as before."""
+    slow_log = _with_default(tuned, tmp_path / "slow", 1e-3)
+    r = run_cli(capsys, "compile", model, "--target", "cpu", "--tuning-log", slow_log, "-o", tmp_path / "slow.tvmpkg")
+    assert r.code == 0 and "0 kernels tuned, 1 kept their default (tuned slower)" in r.out, r.out + r.err
+    m = _manifest(tmp_path / "slow.tvmpkg")
+    assert m["kernels"] == {"fused_matmul_relu": "default (tuned slower)"}
+    assert m["tuning_log"]["tuned_kernels"] == 0 and m["tuning_log"]["kept_default"] == 1
+
+    from compiler import load, pipeline, tuning
+
+    prep = pipeline.prepare(model, "cpu")
+    mod, _, _ = tuning.apply(prep.mod, prep.target, slow_log)
+    assert tvm_ffi.structural_equal(mod["fused_matmul_relu"], prep.mod["fused_matmul_relu"])
+
+    old_log = _with_default(tuned, tmp_path / "old", None)
+    r = run_cli(capsys, "compile", model, "--target", "cpu", "--tuning-log", old_log, "-o", tmp_path / "old.tvmpkg")
+    assert r.code == 0 and _manifest(tmp_path / "old.tvmpkg")["kernels"] == {"fused_matmul_relu": "tuned"}
+
+    x = rng.standard_normal((24, 40))
+    ref = ort_run(model, {"x": x})["y"]
+    assert rel_err(load(tmp_path / "slow.tvmpkg")(x=x)["y"], ref) < 1e-5
 
 
 @slow
@@ -203,7 +243,7 @@ def test_kill_9_then_resume_loses_and_remeasures_nothing(capsys, tmp_path, model
     committed = (log / RECORDS).read_text()
     assert 4 <= len(committed.splitlines()) < 12
     r = run_cli(capsys, "tune", model, "--target", "cpu", "--trials", "12", "--log-dir", log, "--resume")
-    assert r.code == 0, r.err
+    assert r.code == 0 and "measuring the untuned schedule" not in r.err, r.err  # the report's value is reused
     assert (log / RECORDS).read_text().startswith(committed.rstrip("\n"))  # nothing committed was lost
     hashes = _schedule_hashes(log)
     assert len(hashes) == 12 and len(set(hashes)) == 12  # nothing measured twice
@@ -272,6 +312,7 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
         assert r.code == 0, r.err
         report = json.loads((tmp_path / "log" / "tuning_report.json").read_text())
         assert report["trials"] == 8 and report["tasks"][0]["errors"] == 0 and report["runner"].startswith("rpc")
+        assert report["tasks"][0]["default_us"] > 0  # measured through the same RPC runner
         assert all("load_module" in path.read_text() for path in logs)
     finally:
         for p in procs:
