@@ -137,3 +137,13 @@ def host_cpu_flags() -> list[str]:
             flags = set(line.split(":", 1)[1].split())
             return [f for f in _ISA_FLAGS if f in flags]
     return []
+
+
+def use_all_cpus() -> None:
+    """Let TVM's thread pool use every CPU this process may run on, unless ``TVM_NUM_THREADS`` says otherwise.
+
+    TVM's default takes half of the CPUs (it assumes two hyper-threads per core): on this project's 2-core
+    machines every parallel kernel ran on one thread, while onnxruntime used both (measured: a 64x50257
+    softmax 0.92 ms -> 0.38 ms). The pool reads the variable when it starts, at the first parallel kernel.
+    """
+    os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))

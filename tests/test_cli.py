@@ -151,6 +151,21 @@ def test_console_script_exit_codes(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+@pytest.mark.parametrize("preset", [None, "1"])
+def test_loaded_package_runs_on_every_cpu(small_pkg, preset):
+    """TVM's thread pool would take half the CPUs (one thread on a 2-core machine): loading a package gives it
+    every CPU the process may use, unless the user set TVM_NUM_THREADS."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    if preset:
+        env["TVM_NUM_THREADS"] = preset
+    code = f"import compiler, os; compiler.load({str(small_pkg[1])!r}); print(os.environ['TVM_NUM_THREADS'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (preset or str(len(os.sched_getaffinity(0))))
+
+
 def test_demo(capsys, tmp_path):
     r = run_cli(capsys, "demo", "-o", tmp_path)
     assert r.code == 0, r.out + r.err
