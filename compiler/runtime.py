@@ -137,6 +137,11 @@ class Runner:
                 problems.append(f"input '{spec['name']}' has shape {list(a.shape)}, expected {spec['shape']}")
             elif a.dtype.name != spec["dtype"]:
                 problems.append(f"input '{spec['name']}' has dtype {a.dtype.name}, expected {spec['dtype']}")
+            elif "index_range" in spec and a.size and not spec["index_range"][0] <= a.min() <= a.max() <= spec["index_range"][1]:
+                lo, hi = spec["index_range"]
+                where = np.argwhere((a < lo) | (a > hi))[0]
+                problems.append(f"input '{spec['name']}' holds {a[tuple(where)]} at {list(map(int, where))}, outside "
+                                f"[{lo}, {hi}], the indices that {spec['index_of']} can read")
             else:
                 args.append(tvm.runtime.tensor(np.require(a, requirements="C"), self.device))  # keeps 0-d arrays 0-d
         if problems:

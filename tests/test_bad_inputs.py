@@ -42,6 +42,29 @@ def test_runtime_value_where_a_constant_is_needed(capsys, tmp_path):
     assert not (tmp_path / "m.tvmpkg").exists()
 
 
+def test_out_of_range_gather_indices_are_an_error(capsys, tmp_path, rng):
+    """A token id past the table: one clear error (the compiled gather has no bounds check and would read out
+    of bounds or crash the process); ids in range, negative ones included, match onnxruntime."""
+    from helpers import ort_run
+
+    table = rng.standard_normal((10, 8)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"), helper.make_node("Relu", ["e"], ["y"])]
+    src = save(make_model(nodes, [("ids", TP.INT64, [2, 3])], [("y", F, [2, 3, 8])], {"table": table}), tmp_path / "m.onnx")
+    assert run_cli(capsys, "compile", src, "--target", "cpu", "-o", tmp_path / "m.tvmpkg").code == 0
+    good = np.array([[0, 9, -10], [-1, 3, 5]], np.int64)
+    np.savez(tmp_path / "good.npz", ids=good)
+    r = run_cli(capsys, "run", tmp_path / "m.tvmpkg", "--inputs", tmp_path / "good.npz", "--outputs", tmp_path / "out.npz")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], ort_run(src, {"ids": good})["y"])
+    for bad in (10, -11, 1 << 40):
+        ids = good.copy()
+        ids[1, 2] = bad
+        np.savez(tmp_path / "bad.npz", ids=ids)
+        err = _one_error_line(run_cli(capsys, "run", tmp_path / "m.tvmpkg", "--inputs", tmp_path / "bad.npz",
+                                      "--outputs", tmp_path / "out.npz"))
+        assert f"input 'ids' holds {bad} at [1, 2], outside [-10, 9]" in err and "Gather node 'embed'" in err, err
+
+
 @pytest.mark.parametrize("case,needle", [
     ("float8", "FLOAT8E4M3FN"),
     ("sequence", "is not a tensor"),

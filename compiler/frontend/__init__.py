@@ -17,7 +17,7 @@ from ..errors import TvmpipeError
 from . import attention_op, clip, rnn  # noqa: F401  (register ONNX Attention, Clip, LSTM/GRU/RNN)
 from . import converters_math, converters_nn, converters_ops  # noqa: F401  (register tvmpipe's converters)
 from .importer import import_model, is_supported, qualified_op
-from .onnx_clean import TensorSpec, bind_shapes, clean, parse_shape_arg, read_model
+from .onnx_clean import TensorSpec, bind_shapes, clean, index_ranges, parse_shape_arg, read_model
 from .support import Unsupported, check, iter_nodes, opset_of
 
 __all__ = ["Imported", "TensorSpec", "load", "parse_shape_arg"]
@@ -79,4 +79,5 @@ def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> 
             raise type(err)(f"{path}: {err}") from err
         except Exception as err:
             raise TvmpipeError(f"{path}: import failed: {type(err).__name__}: {err}") from err
-    return Imported(mod, inputs, _outputs(mod, model.graph, path), path, sha, opset, model, op_counts)
+    return Imported(mod, index_ranges(model, inputs), _outputs(mod, model.graph, path), path, sha, opset, model,
+                    op_counts)

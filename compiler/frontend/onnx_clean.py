@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +23,56 @@ from .support import Unsupported
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A named, statically shaped model input or output."""
+    """A named, statically shaped model input or output; an input used as gather indices also carries the
+    range they must lie in (checked by the runtime: the compiled gather reads out of bounds instead)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    index_range: tuple[int, int] | None = None  # inclusive
+    index_of: str = ""  # the node(s) that gather with it
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.index_range is not None:
+            out |= {"index_range": list(self.index_range), "index_of": self.index_of}
+        return out
+
+
+# op type -> (position of the indices input, position of the data input) for ops that read data at indices
+_GATHERS = {"Gather": (1, 0), "GatherElements": (1, 0)}
+
+
+def index_ranges(model: onnx.ModelProto, specs: list[TensorSpec]) -> list[TensorSpec]:
+    """``specs`` with the valid range of every input that a Gather / GatherElements uses directly as indices
+    (on a data tensor of known shape): [-n, n - 1] along the gathered axis, intersected over its uses.
+
+    TVM lowers these gathers without bounds checks ("fast" mode), so an out-of-range id (a token id past the
+    vocabulary) would read outside the table, or crash the process, where onnxruntime raises an error."""
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for vi in [*model.graph.value_info, *model.graph.input]:
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes.setdefault(vi.name, tuple(d.dim_value for d in dims))
+    ranges: dict[str, tuple[int, int, list[str]]] = {}
+    for node in model.graph.node:
+        if node.op_type not in _GATHERS or node.domain not in ("", "ai.onnx"):
+            continue
+        k, d = _GATHERS[node.op_type]
+        data_shape = shapes.get(node.input[d])
+        if data_shape is None:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        n = data_shape[axis % len(data_shape)]
+        lo, hi, nodes = ranges.get(node.input[k], (-n, n - 1, []))
+        ranges[node.input[k]] = (max(lo, -n), min(hi, n - 1), [*nodes, f"{node.op_type} node '{node.name or node.output[0]}'"])
+    out = []
+    for spec in specs:
+        if spec.name in ranges and spec.dtype.startswith(("int", "uint")):
+            lo, hi, nodes = ranges[spec.name]
+            spec = replace(spec, index_range=(lo, hi), index_of=", ".join(nodes))
+        out.append(spec)
+    return out
 
 
 def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
