@@ -269,10 +269,6 @@ def cpu(out: Path) -> None:
     """Latency on this CPU of the fused kernel and of TVM's default (unfused) lowering of the same op."""
     import platform
 
-    from compiler.targets import use_all_cpus
-
-    use_all_cpus()  # as a loaded package does
-
     import numpy as np
     import tvm
     from tvm import relax

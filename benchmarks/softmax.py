@@ -342,10 +342,6 @@ def _ort_session(rows: int, cols: int, dtype: str, threads: int):
 def run_cpu(out: Path) -> None:
     import tvm
 
-    from compiler.targets import use_all_cpus
-
-    use_all_cpus()  # as a loaded package does: the same thread count as onnxruntime's
-
     cases = [
         {"impl": impl, "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "name": _name(impl, "softmax", dt, r, c)}
         for r, c in CPU_SHAPES for dt in DTYPES for impl in ("tvmpipe", "tvm-default")

@@ -7,7 +7,10 @@ The public API is small and lazily imported, so ``compiler.load`` works with TVM
 """
 
 from .errors import TvmpipeError
+from .targets import use_all_cpus
 from .version import __version__
+
+use_all_cpus()  # before anything (constant folding at compile time included) starts TVM's thread pool
 
 __all__ = ["TvmpipeError", "__version__", "compile_model", "load", "register_op"]
 

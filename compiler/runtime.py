@@ -13,7 +13,7 @@ import numpy as np
 
 from . import package
 from .errors import TvmpipeError
-from .targets import host_cpu_flags, use_all_cpus
+from .targets import host_cpu_flags
 from .version import PACKAGE_FORMAT, __version__
 
 
@@ -99,7 +99,6 @@ class Runner:
     """A loaded package: ``runner(**arrays) -> {output name: array}``."""
 
     def __init__(self, path: str):
-        use_all_cpus()
         import tvm
         from tvm.runtime.vm import VirtualMachine
 

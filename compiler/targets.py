@@ -140,10 +140,14 @@ def host_cpu_flags() -> list[str]:
 
 
 def use_all_cpus() -> None:
-    """Let TVM's thread pool use every CPU this process may run on, unless ``TVM_NUM_THREADS`` says otherwise.
+    """Let TVM's thread pool use every CPU this process may run on, unpinned, unless ``TVM_NUM_THREADS`` /
+    ``TVM_BIND_THREADS`` say otherwise.
 
     TVM's default takes half of the CPUs (it assumes two hyper-threads per core): on this project's 2-core
     machines every parallel kernel ran on one thread, while onnxruntime used both (measured: a 64x50257
-    softmax 0.92 ms -> 0.38 ms). The pool reads the variable when it starts, at the first parallel kernel.
+    softmax 0.92 ms -> 0.38 ms). And it pins each thread to a core: with another process busy on one core, the
+    demo model took 3.5 ms instead of 0.11 (unpinned). The pool reads both variables when it starts, at the
+    first parallel kernel, so importing ``compiler`` calls this; tuning's runner processes inherit them.
     """
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    os.environ.setdefault("TVM_BIND_THREADS", "0")

@@ -60,7 +60,7 @@ from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 from . import tuning, tuning_log
 from .errors import TvmpipeError
 from .schedules import is_scheduled
-from .targets import TargetInfo, use_all_cpus
+from .targets import TargetInfo
 
 COST_MODELS = ("xgb", "random")
 
@@ -405,7 +405,6 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
     if not tasks:
         raise TvmpipeError(f"{prep.imported.source}: nothing to tune, every kernel is hand-scheduled "
                            f"({', '.join(prep.hand)})")
-    use_all_cpus()  # the local runner's processes inherit it: candidates measured as the package will run
     runner = _runner(rpc, rpc_key)
     cores = len(os.sched_getaffinity(0))
     with tuning_log.locked(log_dir):

@@ -153,17 +153,19 @@ def test_console_script_exit_codes(tmp_path):
 
 @pytest.mark.parametrize("preset", [None, "1"])
 def test_loaded_package_runs_on_every_cpu(small_pkg, preset):
-    """TVM's thread pool would take half the CPUs (one thread on a 2-core machine): loading a package gives it
-    every CPU the process may use, unless the user set TVM_NUM_THREADS."""
+    """TVM's thread pool would take half the CPUs (one thread on a 2-core machine) and pin them to cores (a
+    busy core then stalls every kernel): tvmpipe gives it every CPU the process may use, unpinned, unless the
+    user set TVM_NUM_THREADS / TVM_BIND_THREADS."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "TVM_BIND_THREADS")}
     if preset:
-        env["TVM_NUM_THREADS"] = preset
-    code = f"import compiler, os; compiler.load({str(small_pkg[1])!r}); print(os.environ['TVM_NUM_THREADS'])"
+        env |= {"TVM_NUM_THREADS": preset, "TVM_BIND_THREADS": preset}
+    code = (f"import compiler, os; compiler.load({str(small_pkg[1])!r}); "
+            "print(os.environ['TVM_NUM_THREADS'], os.environ['TVM_BIND_THREADS'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (preset or str(len(os.sched_getaffinity(0))))
+    assert r.stdout.split() == ([preset, preset] if preset else [str(len(os.sched_getaffinity(0))), "0"])
 
 
 def test_demo(capsys, tmp_path):
