@@ -114,7 +114,7 @@ def apply(mod: tvm.IRModule, target: TargetInfo, log: str | Path | None = None) 
             name = gvar.name_hint
             record = database.query_tuning_record(normalize(func), target.target, name) if database else None
             matched += record is not None
-            if record is not None and (name not in defaults or _mean_us(record.run_secs) < defaults[name]):
+            if record is not None and (name not in defaults or mean_secs(record.run_secs) * 1e6 < defaults[name]):
                 new = record.as_measure_candidate().sch.mod["main"]
                 if func.attrs is None or "global_symbol" not in func.attrs:  # normalize_mod added one
                     new = new.without_attr("global_symbol")
@@ -137,5 +137,6 @@ def apply(mod: tvm.IRModule, target: TargetInfo, log: str | Path | None = None) 
                              "kept_default": matched - tuned}
 
 
-def _mean_us(run_secs) -> float:
-    return sum(float(s) for s in run_secs) / len(run_secs) * 1e6
+def mean_secs(run_secs) -> float:
+    """A measurement's latency: the mean of MetaSchedule's repeated run times (seconds)."""
+    return sum(float(s) for s in run_secs) / len(run_secs)

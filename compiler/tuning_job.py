@@ -185,7 +185,7 @@ def _measure_defaults(tasks: list[Task], info: TargetInfo, builder, runner) -> N
         ran = next(results)
         ms.utils.remove_build_dir(b.artifact_path)
         if ran.error_msg is None and ran.run_secs:
-            t.default = sum(float(s) for s in ran.run_secs) / len(ran.run_secs)
+            t.default = tuning.mean_secs(ran.run_secs)
         else:
             warnings.warn(f"could not run the default schedule of {t.name}: {ran.error_msg}")
 
@@ -253,7 +253,7 @@ class _Progress(PyMeasureCallback):
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
         for built, ran in zip(builder_results, runner_results):
             ok = built.error_msg is None and ran.error_msg is None and ran.run_secs
-            self.job.add(task_id, sum(float(s) for s in ran.run_secs) / len(ran.run_secs) if ok else None)
+            self.job.add(task_id, tuning.mean_secs(ran.run_secs) if ok else None)
         task = self.job.tasks[task_id]
         self.bar.update(len(measure_candidates))
         best = f"best {task.best * 1e6:.1f} us, {task.flop / task.best / 1e9:.2f} GFLOPS" if task.best else "no valid run yet"

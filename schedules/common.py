@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tvm
-from tvm import relax
+from tvm import relax, te, topi
 from tvm.target import Target, codegen
 
 ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
@@ -52,3 +52,15 @@ def register_tile(rows: int, vectors: int, regs: int) -> tuple[int, int]:
     as many accumulators as possible (ties: more vectors, which share each broadcast row value)."""
     pairs = [(m, j) for m in range(1, 9) for j in range(1, 5) if rows % m == 0 and vectors % j == 0 and m * j <= regs]
     return max(pairs, key=lambda p: (p[0] * p[1], p[1]))
+
+
+def padded_conv_input(data: te.Tensor, kh: int, kw: int, strides, padding, dilation) -> tuple:
+    """An NCHW conv's zero-padded input and geometry: (data, (oh, ow), (sh, sw), (dh, dw))."""
+    h, w = data.shape[2], data.shape[3]
+    (sh, sw), (dh, dw) = [int(s) for s in strides], [int(d) for d in dilation]
+    pt, pl, pb, pr = (int(p) for p in padding)
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    return data, (oh, ow), (sh, sw), (dh, dw)

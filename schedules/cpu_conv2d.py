@@ -16,20 +16,15 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
-from .common import compiling_for_cpu, largest_divisor, register_tile, vector_shape
+from .common import compiling_for_cpu, largest_divisor, padded_conv_input, register_tile, vector_shape
 
 BLOCK = "conv2d_nchw_hwio"
 
 
 def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:
-    n, ic, h, w = data.shape
+    n, ic = data.shape[:2]
     kh, kw, _, oc = weight.shape
-    (sh, sw), (dh, dw) = [int(s) for s in strides], [int(d) for d in dilation]
-    pt, pl, pb, pr = (int(p) for p in padding)
-    if pt or pl or pb or pr:
-        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
-    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    data, (oh, ow), (sh, sw), (dh, dw) = padded_conv_input(data, kh, kw, strides, padding, dilation)
     rc, ry, rx = te.reduce_axis((0, ic), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     return te.compute(
         (n, oc, oh, ow),

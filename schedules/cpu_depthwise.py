@@ -17,8 +17,8 @@ from .common import largest_divisor, vector_shape
 BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 1)
 
 
-def depthwise_loops(sch: s_tir.Schedule) -> list | None:
-    """The loops (n, c, oh, ow, rc, ry, rx) of the kernel's depthwise conv block, or None if it has none."""
+def depthwise_conv(sch: s_tir.Schedule) -> tuple | None:
+    """The kernel's depthwise conv block and its loops (n, c, oh, ow, rc, ry, rx), or None if it has none."""
     try:
         conv = sch.get_sblock(BLOCK)
     except Exception:  # noqa: BLE001 - get_sblock raises a TVM error when the block is absent
@@ -26,7 +26,7 @@ def depthwise_loops(sch: s_tir.Schedule) -> list | None:
     loops = sch.get_loops(conv)
     if len(loops) != 7 or int(sch.get(loops[4]).extent) != 1:  # not depthwise: channels reduced per group
         return None
-    return loops
+    return conv, loops
 
 
 class CpuDepthwise(ScheduleRule):
@@ -34,11 +34,10 @@ class CpuDepthwise(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
-        loops = depthwise_loops(sch)
-        if loops is None:
+        found = depthwise_conv(sch)
+        if found is None:
             return None
-        conv = sch.get_sblock(BLOCK)
-        n, c, oh, ow, rc, ry, rx = loops
+        conv, (n, c, oh, ow, rc, ry, rx) = found
         lanes = largest_divisor(int(sch.get(ow).extent), (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
         for producer in sch.get_producers(conv):  # the padded input copy
             pn, pc, ph, _ = sch.get_loops(producer)

@@ -12,17 +12,14 @@ from __future__ import annotations
 from tvm import relax, te, topi
 from tvm.target import Target
 
+from .common import padded_conv_input
 
 
 def _im2col(data: te.Tensor, kh: int, kw: int, strides, padding, dilation) -> te.Tensor:
     """col[n, (ic, ky, kx), (y, x)] = padded input under each output pixel."""
-    n, ic, h, w = (int(d) for d in data.shape)
-    (sh, sw), (dh, dw) = [int(s) for s in strides], [int(d) for d in dilation]
-    pt, pl, pb, pr = (int(p) for p in padding)
-    if pt or pl or pb or pr:
-        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
-    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    n, ic = (int(d) for d in data.shape[:2])
+    data, (oh, ow), (sh, sw), (dh, dw) = padded_conv_input(data, kh, kw, strides, padding, dilation)
+    oh, ow = int(oh), int(ow)
     return te.compute(
         (n, ic * kh * kw, oh * ow),
         lambda b, r, p: data[b, r // (kh * kw), p // ow * sh + r // kw % kh * dh, p % ow * sw + r % kw * dw],

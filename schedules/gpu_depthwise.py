@@ -15,7 +15,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
-from .cpu_depthwise import BLOCK, depthwise_loops
+from .cpu_depthwise import depthwise_conv
 
 THREADS = 256
 
@@ -25,13 +25,12 @@ class GpuDepthwise(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
             return None
         sch = s_tir.Schedule(func)
-        loops = depthwise_loops(sch)
-        if loops is None:
+        found = depthwise_conv(sch)
+        if found is None:
             return None
-        conv = sch.get_sblock(BLOCK)
+        conv, (n, c, oh, ow, rc, ry, rx) = found
         for producer in sch.get_producers(conv):  # the padded input: read through a bounds check instead
             sch.compute_inline(producer)
-        n, c, oh, ow, rc, ry, rx = loops
         bx, tx = sch.split(sch.fuse(n, c, oh, ow), [None, THREADS])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
