@@ -72,7 +72,8 @@ def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) ->
     ]
     pipeline = tvm.transform.Sequential(lower + relax.pipeline.finalize_passes(t))
     graphs = {"relax.backend.use_cuda_graph": True}
-    with tvm.transform.PassContext(config=graphs) if cuda_graph else contextlib.nullcontext():
+    with (tvm.transform.PassContext(config=graphs) if cuda_graph else contextlib.nullcontext(),
+          cuda_binary.exact_math() if target.is_gpu else contextlib.nullcontext()):
         return Built(tvm.compile(mod, t, relax_pipeline=pipeline), target)
 
 

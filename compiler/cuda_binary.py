@@ -17,6 +17,8 @@ import shutil
 import struct
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,44 @@ def cuda_toolkit_root() -> Path:
     )
 
 
+@contextmanager
+def exact_math() -> Iterator[None]:
+    """CUDA compiled inside this context is compiled without fast math, whichever way TVM compiles it.
+
+    TVM's NVRTC path always passes ``--use_fast_math`` (no option turns it off) and its nvcc path does
+    unless ``TVM_CUDA_NVCC_NO_FAST_MATH`` is set. Fast math swaps the math library for the hardware
+    approximations: ``powf`` becomes ``__powf`` (exp2(y * log2 x): NaN for every negative base, so
+    GPT-2's ``pow(x, 3)`` GELU gave NaN on the H200), ``sinf`` ``__sinf`` (wrong for large arguments),
+    ``tanhf`` ``tanh.approx``, and division and sqrt round loosely. Results must match the ONNX model, so
+    the flag is filtered out of NVRTC's options; the hand-written kernels use ``exp2`` (one instruction
+    either way) where speed needs it. Used around our own compile (``compile_source``) and around
+    ``tvm.compile`` (a TVM that finds its CUDA compile callback registered compiles there, not here).
+    """
+    saved_env = os.environ.get("TVM_CUDA_NVCC_NO_FAST_MATH")
+    os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:  # no NVRTC: nothing compiles through it (compile_source reports the missing package)
+        nvrtc = None
+    if nvrtc is not None:
+        compile_program = nvrtc.nvrtcCompileProgram
+
+        def exact(prog, _n: int, options: list[bytes]):
+            kept = [o for o in options if o != b"--use_fast_math"]
+            return compile_program(prog, len(kept), kept)
+
+        nvrtc.nvrtcCompileProgram = exact
+    try:
+        yield
+    finally:
+        if nvrtc is not None:
+            nvrtc.nvrtcCompileProgram = compile_program
+        if saved_env is None:
+            os.environ.pop("TVM_CUDA_NVCC_NO_FAST_MATH", None)
+        else:
+            os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = saved_env
+
+
 def compile_source(source: str, arch: str) -> tuple[bytes, GpuCode]:
     """CUDA C++ -> a fatbin holding sm_XX cubin + compute_XX PTX (cubin alone without ``fatbinary``)."""
     os.environ.setdefault("CUDA_PATH", str(cuda_toolkit_root()))
@@ -68,8 +108,9 @@ def compile_source(source: str, arch: str) -> tuple[bytes, GpuCode]:
     except ImportError as err:  # pragma: no cover - part of the TVM wheel
         raise TvmpipeError(f"TVM's CUDA compiler support is missing: {err}") from err
     try:
-        cubin = bytes(nvcc.compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc"))
-        ptx = bytes(nvcc.compile_cuda(source, target_format="ptx", arch=arch, compiler="nvrtc"))
+        with exact_math():
+            cubin = bytes(nvcc.compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc"))
+            ptx = bytes(nvcc.compile_cuda(source, target_format="ptx", arch=arch, compiler="nvrtc"))
     except ImportError as err:
         raise TvmpipeError(f"NVRTC is not installed ({err}): pip install 'tvmpipe[cuda]'") from err
     sm = arch.removeprefix("sm_")

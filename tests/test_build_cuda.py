@@ -93,3 +93,47 @@ def test_unscheduled_gpu_kernel_is_refused():
             mod[gv] = f.with_attr("tirx.is_scheduled", True)
     with pytest.raises(RuntimeError, match="no thread binding"):
         build(mod, resolve("cuda-sm90"))
+
+
+CUBE = 'extern "C" __global__ void cube(float* x) { x[threadIdx.x] = powf(x[threadIdx.x], 3.0f); }'
+
+
+def test_cuda_code_is_compiled_without_fast_math(monkeypatch):
+    """TVM's NVRTC path always passes --use_fast_math, which makes powf exp2(y*log2 x): NaN for x < 0 (GPT-2's
+    tanh GELU computes pow(x, 3) and gave NaN on the H200). Packages must be compiled with exact math."""
+    from cuda.bindings import nvrtc
+    from tvm.support import nvcc
+
+    from compiler import cuda_binary
+
+    options, real = [], nvrtc.nvrtcCompileProgram
+    monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", lambda prog, n, opts: (options.append(opts), real(prog, n, opts))[1])
+    cuda_binary.compile_source(CUBE, "sm_90")
+    assert len(options) == 2 and not any(b"--use_fast_math" in o for o in options)
+    monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", real)
+    fast = bytes(nvcc.compile_cuda(CUBE, target_format="ptx", arch="sm_90", compiler="nvrtc")).decode()
+    with cuda_binary.exact_math():
+        exact = bytes(nvcc.compile_cuda(CUBE, target_format="ptx", arch="sm_90", compiler="nvrtc")).decode()
+    assert "lg2.approx" in fast and "lg2.approx" not in exact  # __powf's log2 approximation is gone
+    assert nvrtc.nvrtcCompileProgram is real
+
+
+def test_cuda_compiled_by_tvm_itself_is_exact(monkeypatch, tmp_path):
+    """Where TVM's CUDA compile callback is registered (importing tvm.support.nvcc does it, as on the GPU
+    machine), tvm.compile compiles the kernels itself: that must be without fast math too."""
+    import onnx
+    from cuda.bindings import nvrtc
+    from onnx import TensorProto, helper
+    from tvm.support import nvcc  # noqa: F401  registers tvm_callback_cuda_compile
+
+    from compiler.pipeline import compile_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 37])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 37])
+    graph = helper.make_graph([helper.make_node("Pow", ["x", "three"], ["y"])], "cube", [x], [y],
+                              [helper.make_tensor("three", TensorProto.FLOAT, [], [3.0])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "cube.onnx")
+    options, real = [], nvrtc.nvrtcCompileProgram
+    monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", lambda prog, n, opts: (options.append(opts), real(prog, n, opts))[1])
+    compile_model(str(tmp_path / "cube.onnx"), "cuda-sm90", tmp_path / "cube.tvmpkg")
+    assert options and not any(b"--use_fast_math" in o for o in options)
