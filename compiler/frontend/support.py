@@ -20,7 +20,14 @@ ONNX_DOMAINS = ("", "ai.onnx")
 
 
 class Unsupported(TvmpipeError):
-    """A clear refusal: the model uses something tvmpipe does not compile (exactly), by design or yet."""
+    """A clear refusal: the model uses something tvmpipe does not compile (exactly), by design or yet.
+
+    ``bindable``: graph inputs whose run-time value decides a shape or a kernel; the message suggests
+    ``--bind-input`` for them (and ``benchmarks/onnx_conformance.py`` retries with them bound)."""
+
+    def __init__(self, message: str, bindable: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.bindable = bindable
 
 
 def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -139,8 +146,36 @@ def _input_role(node: onnx.NodeProto, k: int, opset: int) -> str:
         return f"input {k}"
 
 
-def runtime_constant_problems(model: onnx.ModelProto, original: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
-    """Nodes that need a run-time value at compile time, in the cleaned ``model``.
+def _source_inputs(graph: onnx.GraphProto, name: str, inputs: set[str]) -> list[str]:
+    """The graph inputs whose elements the value ``name`` is computed from (shape-only uses not followed)."""
+    producers = {out: node for node in graph.node for out in node.output}
+    found, seen, todo = set(), set(), [name]
+    while todo:
+        value = todo.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in inputs:
+            found.add(value)
+        elif value in producers:
+            node = producers[value]
+            todo += [v for k, v in enumerate(node.input) if v and (node.op_type, k) not in _METADATA_USES]
+    return sorted(found)
+
+
+def _bind_hint(names: list[str]) -> str:
+    if not names:
+        return ""
+    them = "it" if len(names) == 1 else "them"
+    flags = " ".join(f"--bind-input {n}=FILE.npy" for n in names)
+    return f"; to compile for one value of the graph input{'s' if len(names) > 1 else ''} " \
+           f"{', '.join(repr(n) for n in names)}, freeze {them} with {flags}"
+
+
+def runtime_constant_problems(model: onnx.ModelProto,
+                              original: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str]]]:
+    """Nodes that need a run-time value at compile time, in the cleaned ``model``: (node, reason, the graph
+    inputs that value comes from, which ``--bind-input`` would make constant).
 
     Two ways this shows: the node still reads a graph input (or a value computed from one) at a position of
     ``CONSTANT_INPUTS``; or the optimiser, trusting the model's declared output shapes, replaced such a value
@@ -153,14 +188,17 @@ def runtime_constant_problems(model: onnx.ModelProto, original: onnx.ModelProto)
     for node in model.graph.node:
         for k in CONSTANT_INPUTS.get(node.op_type, ()) if node.domain in ONNX_DOMAINS else ():
             if k < len(node.input) and node.input[k] and node.input[k] not in consts:
+                sources = _source_inputs(model.graph, node.input[k], _graph_input_names(model))
                 problems.append((node, f"its {_input_role(node, k, opset)} ('{node.input[k]}') must be a constant, "
-                                       "but it is computed at run time (tvmpipe compiles static shapes)"))
+                                       f"but it is computed at run time (tvmpipe compiles static shapes){_bind_hint(sources)}",
+                                 sources))
     still_read, inputs = consumed_names(model.graph), _graph_input_names(original)
     for node in iter_nodes(original.graph):
         for k, name in enumerate(node.input):
             if name in inputs and name not in still_read and (node.op_type, k) not in _METADATA_USES:
                 problems.append((node, f"its {_input_role(node, k, opset)} is the graph input '{name}', whose value "
-                                       "must be known at compile time (tvmpipe compiles static shapes)"))
+                                       f"must be known at compile time (tvmpipe compiles static shapes){_bind_hint([name])}",
+                                 [name]))
     return problems
 
 
@@ -232,8 +270,10 @@ def check(model: onnx.ModelProto, path: str, is_supported: Callable[[str, str], 
             reason = REFUSALS[node.op_type](node, model.graph)
         if reason:
             add(node, reason)
-    for node, reason in runtime_constant_problems(model, original or model):
+    bindable: set[str] = set()
+    for node, reason, sources in runtime_constant_problems(model, original or model):
         add(node, reason)
+        bindable.update(sources)
     parts = []
     for (domain, op, reason), nodes in sorted(problems.items()):
         qual = f"{domain}::{op}" if domain not in ONNX_DOMAINS else op
@@ -250,4 +290,4 @@ def check(model: onnx.ModelProto, path: str, is_supported: Callable[[str, str], 
         return
     n = sum(len(v) for v in problems.values())
     head = f"{n} node{'s' if n > 1 else ''} cannot be compiled" if n else "the model cannot be compiled"
-    raise Unsupported(f"{path}: {head}: " + "; ".join(parts))
+    raise Unsupported(f"{path}: {head}: " + "; ".join(parts), tuple(sorted(bindable)))
