@@ -92,13 +92,14 @@ def extract_library(path: str | Path, dest_dir: str | Path) -> Path:
     return out
 
 
-def read_bound(path: str | Path) -> dict[str, np.ndarray]:
-    """The input values frozen into the package at compile time (empty if none)."""
+def read_bound(path: str | Path, dtypes: dict[str, str]) -> dict[str, np.ndarray]:
+    """The input values frozen into the package at compile time (empty if none), as the ``dtypes`` the
+    manifest records (.npz keeps bfloat16 only as raw 2-byte records)."""
     try:
         with zipfile.ZipFile(path) as zf:
             if BOUND not in zf.namelist():
                 return {}
             with np.load(io.BytesIO(zf.read(BOUND)), allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, zlib.error) as err:
+                return {k: data[k].view(np.dtype(dtypes[k])) for k in data.files if k in dtypes}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError, zlib.error) as err:
         raise TvmpipeError(f"{path} is corrupt: its bound input values cannot be read ({err})") from None

@@ -109,7 +109,8 @@ class Runner:
         self.inputs: list[dict] = self.manifest["inputs"]
         self.outputs: list[dict] = self.manifest["outputs"]
         self.bound_inputs: list[dict] = self.manifest.get("bound_inputs", [])
-        self.bound_values: dict[str, np.ndarray] = package.read_bound(path) if self.bound_inputs else {}
+        self.bound_values: dict[str, np.ndarray] = package.read_bound(
+            path, {b["name"]: b["dtype"] for b in self.bound_inputs}) if self.bound_inputs else {}
         if set(self.bound_values) != {b["name"] for b in self.bound_inputs}:
             raise TvmpipeError(f"{path} is corrupt: its manifest names bound inputs whose values it does not hold")
         self.device = tvm.cuda(0) if self.manifest["target"]["kind"] == "cuda" else tvm.cpu(0)
