@@ -277,6 +277,19 @@ def _normalize_constants(graph: onnx.GraphProto) -> None:
         node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(np.asarray(value), node.output[0])))
 
 
+SMALL_FILL = 1024  # ConstantOfShape outputs up to this many elements are folded
+
+
+def _fold_small_fills(node) -> bool | None:
+    """Fold a ConstantOfShape of known small size, which onnxscript keeps (so as not to grow a model by its
+    zeros): such values are mostly shapes and axes (the expanded LayerNorm's reshape target) that later ops
+    need as constants. None leaves every other node to onnxscript's own rules."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+        return None
+    shape = node.inputs[0].const_value
+    return True if shape is not None and int(np.prod(shape.numpy())) <= SMALL_FILL else None
+
+
 def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     """onnxscript's ``optimize`` without its rewrite rules.
 
@@ -290,7 +303,8 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     m = ir.serde.deserialize_model(model)
     common.InlinePass()(m)
     for _ in range(iterations):
-        folded = fold_constants_ir(m, onnx_shape_inference=True, output_size_limit=1 << 26).modified
+        folded = fold_constants_ir(m, onnx_shape_inference=True, output_size_limit=1 << 26,
+                                   should_fold=_fold_small_fills).modified
         if not common.RemoveUnusedNodesPass()(m).modified and not folded:
             break
     ir.passes.Sequential(
