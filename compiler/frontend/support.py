@@ -162,6 +162,7 @@ CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
     "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CumSum": (1,), "AffineGrid": (1,),
     "CenterCropPad": (1,), "SplitToSequence": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2),
+    "CumProd": (1,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
 }
 
 # Uses of a value that never read its elements: only its shape and dtype, or (Dropout's ratio) nothing at
