@@ -33,6 +33,31 @@ def _shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _bindings(items: list[str] | None) -> dict[str, np.ndarray]:
+    """``--bind-input NAME=FILE.npy`` (one input) or ``--bind-input FILE.npz`` (one per array name)."""
+    values: dict[str, np.ndarray] = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if sep and name and path:
+            if not Path(path).is_file():
+                raise TvmpipeError(f"--bind-input {item}: file not found")
+            try:
+                found = {name: np.load(path, allow_pickle=False)}
+            except (ValueError, OSError, EOFError) as err:
+                raise TvmpipeError(f"--bind-input {item}: {path} is not a readable .npy file ({err})") from None
+            if not isinstance(found[name], np.ndarray):
+                raise TvmpipeError(f"--bind-input {item}: {path} holds several arrays; use NAME=FILE.npy or FILE.npz")
+        elif not sep and item.endswith(".npz"):
+            found = _load_npz(item)
+        else:
+            raise TvmpipeError(f"malformed --bind-input '{item}': expected NAME=FILE.npy or FILE.npz")
+        for name, value in found.items():
+            if name in values:
+                raise TvmpipeError(f"--bind-input gives input '{name}' twice")
+            values[name] = value
+    return values
+
+
 def _load_npz(path: str) -> dict[str, np.ndarray]:
     p = Path(path)
     if not p.is_file():
@@ -68,12 +93,12 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compile(model: str, target: str, output: str | None, shapes, **opts) -> tuple[dict, Path, float]:
+def _compile(model: str, target: str, output: str | None, shapes, bind=None, **opts) -> tuple[dict, Path, float]:
     from .pipeline import Options, compile_model
 
     out = Path(output) if output else Path(f"{Path(model).stem}-{target.replace('/', '_')}.tvmpkg")
     t0 = time.perf_counter()
-    manifest = compile_model(model, target, out, shapes, Options(**opts))
+    manifest = compile_model(model, target, out, shapes, Options(**opts), bind=bind)
     return manifest, out, time.perf_counter() - t0
 
 
@@ -82,7 +107,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     plugins = [load_plugin(p) for p in args.plugin or []]
     manifest, out, secs = _compile(
-        args.model, args.target, args.output, _shapes(args.input_shape),
+        args.model, args.target, args.output, _shapes(args.input_shape), _bindings(args.bind_input),
         fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules,
         precision=args.precision, cuda_graph=args.cuda_graph, extra={"plugins": plugins} if plugins else {},
         tuning_log=None if args.no_tuning_log else args.tuning_log or "auto",
@@ -93,6 +118,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if log:
         kept = f", {log['kept_default']} kept their default (tuned slower)" if log["kept_default"] else ""
         extra += f", {log['tuned_kernels']} kernels tuned{kept} (log {log['path']})"
+    if manifest["bound_inputs"]:
+        extra += f", bound at compile time: {', '.join(b['name'] for b in manifest['bound_inputs'])}"
     print(
         f"compiled {args.model} for {manifest['target']['name']} ({manifest['target']['summary']}) -> {out}: "
         f"{len(manifest['kernels'])} kernels, {_human_bytes(out.stat().st_size)}{extra}, {secs:.1f} s"
@@ -104,7 +131,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .report import format_text, inspect_model
 
     report = inspect_model(args.model, args.target, _shapes(args.input_shape),
-                           fusion="none" if args.no_fusion else "tvmpipe", dump_dir=args.dump_ir)
+                           fusion="none" if args.no_fusion else "tvmpipe", dump_dir=args.dump_ir,
+                           bind=_bindings(args.bind_input))
     print(json.dumps(report) if args.json else format_text(report))
     return 0
 
@@ -118,7 +146,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.keep < 1:
         raise TvmpipeError(f"--keep must be at least 1 (got {args.keep})")
     options = Options(fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules)
-    prep = prepare(args.model, args.target, _shapes(args.input_shape), options)
+    prep = prepare(args.model, args.target, _shapes(args.input_shape), options, bind=_bindings(args.bind_input))
     log_dir = Path(args.log_dir) if args.log_dir else tuning.log_dir(prep.target, prep.key)
     if args.trials is not None:
         tuning_job.tune(prep, trials=args.trials, log_dir=log_dir, resume=args.resume, cost_model=args.cost_model,
@@ -163,8 +191,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         threads = runner.manifest["target"]["spec"].get("num-cores") if runner.manifest["target"]["kind"] == "cpu" else None
         ort = OrtSession(args.compare_onnx, threads)
-        result.update(errors(runner(**inputs), ort(inputs)))
-        ort_t = Timing(ort.time(inputs, repeat=args.repeat, warmup=args.warmup)).summary()
+        ort_inputs = {**runner.bound_values, **inputs}  # onnxruntime still takes the bound inputs
+        result.update(errors(runner(**inputs), ort(ort_inputs)))
+        ort_t = Timing(ort.time(ort_inputs, repeat=args.repeat, warmup=args.warmup)).summary()
         result.update({f"ort_{k}": v for k, v in ort_t.items() if k.endswith("_ms")})
         result["speedup_vs_ort"] = result["ort_median_ms"] / result["median_ms"]
         lines.append(f"onnxruntime  mean {result['ort_mean_ms']:.4f} ms  median {result['ort_median_ms']:.4f} ms  "
@@ -209,6 +238,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 
+BIND = ("freeze a graph input to this value at compile time (NAME=FILE.npy, or FILE.npz for one per array "
+        "name; repeatable): it may then decide shapes; run checks any value fed for it")
+
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -226,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
                    help="static shape for an input (repeat per input)")
     s.add_argument("-o", "--output", help="package path (default: MODEL-TARGET.tvmpkg)")
+    s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
     s.add_argument("--no-fusion", action="store_true", help="no fusion at all: one kernel per op (for comparison)")
     s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
     s.add_argument("--plugin", action="append", metavar="FILE.py",
@@ -244,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
                    help="static shape for an input (repeat per input)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
     s.add_argument("--no-fusion", action="store_true", help="as compile --no-fusion: one kernel per op")
     s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     s.set_defaults(func=cmd_inspect)
@@ -252,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model")
     s.add_argument("--target", "-t", required=True, help="target name or a target .json")
     s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224", help="as for compile")
+    s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
     s.add_argument("--no-fusion", action="store_true", help="as for compile (tunes that variant's kernels)")
     s.add_argument("--no-custom-schedules", action="store_true", help="as for compile")
     s.add_argument("--trials", type=int, help="total measurements in the log, split over the kernels")

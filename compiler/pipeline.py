@@ -11,6 +11,8 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from . import frontend, package, passes, precision, schedules, targets, tuning
 from .build import build
 from .errors import TvmpipeError
@@ -48,14 +50,15 @@ def prepare(
     shapes: dict[str, tuple[int, ...]] | None = None,
     options: Options | None = None,
     observe: passes.Observer | None = None,
+    bind: dict[str, np.ndarray] | None = None,
 ) -> Prepared:
-    """Import, optimise and hand-schedule: every stage before tuning."""
+    """Import, optimise and hand-schedule: every stage before tuning. ``bind`` freezes inputs to values."""
     options = options or Options()
     info = targets.resolve(target)
     precision.check(info, options.precision)
     if options.cuda_graph and not info.is_gpu:
         raise TvmpipeError(f"--cuda-graph is for GPU targets, not {info.name}")
-    return prepare_imported(frontend.load(model, shapes), info, options, observe)
+    return prepare_imported(frontend.load(model, shapes, bind), info, options, observe)
 
 
 def prepare_imported(
@@ -85,10 +88,12 @@ def compile_model(
     output: str | Path,
     shapes: dict[str, tuple[int, ...]] | None = None,
     options: Options | None = None,
+    bind: dict[str, np.ndarray] | None = None,
 ) -> dict:
-    """Compile an ONNX file for a named target into a package; return its manifest."""
+    """Compile an ONNX file for a named target into a package; return its manifest. ``bind`` freezes graph
+    inputs to the given values (compiled as constants; the runtime then checks any value fed for them)."""
     options = options or Options()
-    return compile_prepared(prepare(model, target, shapes, options), output, options)
+    return compile_prepared(prepare(model, target, shapes, options, bind=bind), output, options)
 
 
 def compile_prepared(prep: Prepared, output: str | Path, options: Options | None = None) -> dict:
@@ -114,6 +119,7 @@ def compile_prepared(prep: Prepared, output: str | Path, options: Options | None
             "cpu_flags": targets.host_cpu_flags() if not info.is_gpu else [],
         },
         "inputs": [s.to_json() for s in imported.inputs],
+        "bound_inputs": [b.to_json() for b in imported.bound],
         "outputs": [s.to_json() for s in imported.outputs],
         "source_model": {"file": Path(imported.source).name, "sha256": imported.sha256, "opset": imported.opset},
         "passes": prep.passes,
@@ -123,4 +129,4 @@ def compile_prepared(prep: Prepared, output: str | Path, options: Options | None
         "tuning_log": {**log_info, "model_key": prep.key} if log_info else None,
         "weights": "embedded in model.so (VM constant pool)",
     }
-    return package.save(output, built, manifest)
+    return package.save(output, built, manifest, {b.name: b.value for b in imported.bound})

@@ -91,10 +91,11 @@ def inspect_model(
     *,
     fusion: str = "tvmpipe",
     dump_dir: str | Path | None = None,
+    bind: dict[str, np.ndarray] | None = None,
 ) -> dict:
     """The report as one JSON-ready dict (see the module docstring)."""
     info = targets.resolve(target)
-    imported = frontend.load(model, shapes)
+    imported = frontend.load(model, shapes, bind)
     before = _relax_ops(imported.mod)
     changes: list[dict] = []
     dump = _dumper(Path(dump_dir)) if dump_dir else None

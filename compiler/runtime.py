@@ -2,6 +2,7 @@
 
 Nothing here imports the compiler side of TVM (or onnx), so a deployment needs only ``tvm.runtime``.
 Loading checks the manifest against this machine and this TVM first, and says what does not match.
+Inputs frozen at compile time (``--bind-input``) may be left out; fed, they must equal the bound value.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ class Runner:
         _check_compatible(self.manifest, path)
         self.inputs: list[dict] = self.manifest["inputs"]
         self.outputs: list[dict] = self.manifest["outputs"]
+        self.bound_inputs: list[dict] = self.manifest.get("bound_inputs", [])
+        self.bound_values: dict[str, np.ndarray] = package.read_bound(
+            path, {b["name"]: b["dtype"] for b in self.bound_inputs}) if self.bound_inputs else {}
+        if set(self.bound_values) != {b["name"] for b in self.bound_inputs}:
+            raise TvmpipeError(f"{path} is corrupt: its manifest names bound inputs whose values it does not hold")
         self.device = tvm.cuda(0) if self.manifest["target"]["kind"] == "cuda" else tvm.cpu(0)
         with tempfile.TemporaryDirectory() as tmp:
             lib_path = package.extract_library(path, tmp)
@@ -122,7 +128,8 @@ class Runner:
         names = [i["name"] for i in self.inputs]
         problems = []
         missing = [n for n in names if n not in arrays]
-        extra = sorted(set(arrays) - set(names))
+        problems += [p for spec in self.bound_inputs if (p := self._check_bound(spec, arrays))]
+        extra = sorted(set(arrays) - set(names) - set(self.bound_values))
         if missing:
             problems.append(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
         if extra:
@@ -144,9 +151,29 @@ class Runner:
             else:
                 args.append(tvm.runtime.tensor(np.require(a, requirements="C"), self.device))  # keeps 0-d arrays 0-d
         if problems:
-            expected = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
+            expected = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs) or "no inputs"
             raise TvmpipeError(f"{'; '.join(problems)} (the package expects {expected})")
         return args
+
+    def _check_bound(self, spec: dict, arrays: dict[str, np.ndarray]) -> str | None:
+        """Why a value fed for a bound input is refused (None if omitted or equal, bit for bit, to the bound
+        one): the compiled code has the bound value built in and would silently ignore another."""
+        name = spec["name"]
+        if name not in arrays:
+            return None
+        a, want = np.asarray(arrays[name]), self.bound_values[name]
+        shown = f" {spec['value']}" if "value" in spec else f" (sha256 {spec['sha256'][:12]}...)"
+        head = f"input '{name}' was bound at compile time (--bind-input) to {spec['dtype']}{spec['shape']}{shown}"
+        if a.dtype != want.dtype or a.shape != want.shape:
+            return f"{head}, but a {a.dtype.name}{list(a.shape)} value was given: omit it or recompile"
+        flat, bound = np.ascontiguousarray(a).reshape(-1), want.reshape(-1)
+        differs = np.flatnonzero((flat.view(np.uint8).reshape(a.size, -1) != bound.view(np.uint8).reshape(a.size, -1)).any(1))
+        if differs.size:
+            k = int(differs[0])
+            at = [int(i) for i in np.unravel_index(k, a.shape)]
+            return (f"{head}, but the value given differs (at {at}: {flat[k].item()!r}, bound {bound[k].item()!r}): omit it or "
+                    f"recompile with --bind-input {name}=FILE.npy")
+        return None
 
     def _collect(self, result) -> dict[str, np.ndarray]:
         items = list(result) if len(self.outputs) > 1 else [result]

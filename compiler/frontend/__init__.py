@@ -1,7 +1,7 @@
 """Frontend stage: ONNX file -> Relax IRModule with static shapes, a clean graph and constant weights.
 
-``load(path, shapes)`` is the one entry point: read + validate the file, bind the given static shapes,
-clean the graph (onnxscript), refuse every node we cannot compile exactly (all at once), then import.
+``load(path, shapes, bind)`` is the one entry point: read + validate the file, freeze the inputs given a
+value (``--bind-input``) into initializers, bind the given static shapes, clean the graph (onnxscript), refuse every node we cannot compile exactly (all at once), then import.
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from ..errors import TvmpipeError
 from . import attention_op, clip, rnn  # noqa: F401  (register ONNX Attention, Clip, LSTM/GRU/RNN)
 from . import converters_math, converters_nn, converters_ops  # noqa: F401  (register tvmpipe's converters)
 from .importer import import_model, is_supported, qualified_op
-from .onnx_clean import TensorSpec, bind_shapes, clean, index_ranges, parse_shape_arg, read_model
+from .onnx_clean import BoundInput, TensorSpec, bind_shapes, bind_values, clean, index_ranges, parse_shape_arg, read_model
 from .support import Unsupported, check, iter_nodes, opset_of
 
-__all__ = ["Imported", "TensorSpec", "load", "parse_shape_arg"]
+__all__ = ["BoundInput", "Imported", "TensorSpec", "load", "parse_shape_arg"]
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Imported:
     opset: int
     onnx_model: onnx.ModelProto  # after binding and cleaning
     op_counts: Counter = field(default_factory=Counter)  # ONNX ops of the original file
+    bound: list[BoundInput] = field(default_factory=list)  # inputs frozen to a value, no longer inputs
 
 
 def _outputs(mod, graph: onnx.GraphProto, path: str) -> list[TensorSpec]:
@@ -59,11 +61,16 @@ def _outputs(mod, graph: onnx.GraphProto, path: str) -> list[TensorSpec]:
     return specs
 
 
-def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> Imported:
+def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None,
+         bind: dict[str, np.ndarray] | None = None) -> Imported:
     """Read, bind, clean, check and import an ONNX model."""
     path = str(path)
     model, sha = read_model(path)
     op_counts = Counter(qualified_op(n.domain, n.op_type) for n in iter_nodes(model.graph))
+    both = sorted(set(shapes or {}) & set(bind or {}))
+    if both:
+        raise TvmpipeError(f"input '{both[0]}' has both --input-shape and --bind-input: its bound value gives its shape")
+    frozen = bind_values(model, dict(bind or {}))
     inputs = bind_shapes(model, dict(shapes or {}))
     bound = onnx.ModelProto.FromString(model.SerializeToString())  # clean() may rewrite in place
     model = clean(model)
@@ -80,4 +87,4 @@ def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> 
         except Exception as err:
             raise TvmpipeError(f"{path}: import failed: {type(err).__name__}: {err}") from err
     return Imported(mod, index_ranges(model, inputs), _outputs(mod, model.graph, path), path, sha, opset, model,
-                    op_counts)
+                    op_counts, frozen)

@@ -238,11 +238,42 @@ def trilu(bb, inputs, attrs, params) -> relax.Expr:
     return op.where(bb.normalize(keep), x, op.zeros_like(x))
 
 
+def cum_prod(bb, inputs, attrs, params) -> relax.Expr:
+    """CumProd along a constant axis (support.CONSTANT_INPUTS); ``reverse`` scans from the end (flip, scan,
+    flip back), ``exclusive`` starts every scan from 1."""
+    x = inputs[0]
+    axis = int(inputs[1].value.numpy().item()) % rank(x)
+    reverse = bool(attrs.get("reverse", 0))
+    x = op.flip(x, axis) if reverse else x
+    y = bb.normalize(op.cumprod(x, axis, exclusive=bool(attrs.get("exclusive", 0))))
+    return op.flip(y, axis) if reverse else y
+
+
+# The cosine windows as sums of cos(2 pi k n / N') terms: op -> coefficient of each k (ONNX's definitions).
+_WINDOWS = {"HannWindow": (0.5, -0.5), "HammingWindow": (25 / 46, -21 / 46), "BlackmanWindow": (0.42, -0.5, 0.08)}
+
+
+def _window(coefficients: tuple[float, ...]):
+    def convert(bb, inputs, attrs, params) -> relax.Expr:
+        """A constant: the size is one (support.CONSTANT_INPUTS), so the window is computed here in float64
+        and rounded once to ``output_datatype``; N' is the size, or size - 1 for periodic=0."""
+        size = int(inputs[0].value.numpy().item())
+        period = size if attrs.get("periodic", 1) else size - 1
+        n = np.arange(size, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):  # size 1, symmetric: 0/0 is NaN, as ONNX's reference
+            w = sum(c * np.cos(2 * np.pi * k * n / period) for k, c in enumerate(coefficients))
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(attrs.get("output_datatype", onnx.TensorProto.FLOAT))
+        return relax.const(w.astype(dtype))
+
+    return convert
+
+
 register_converter("ai.onnx.ml", "Binarizer", binarizer)
 register_converter("ai.onnx.ml", "ArrayFeatureExtractor", array_feature_extractor)
 for _name, _conv in {
     "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
+    "CumProd": cum_prod, **{name: _window(c) for name, c in _WINDOWS.items()},
 }.items():
     register_converter("", _name, _conv, override=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import TvmpipeError
+from ..package import array_digest
 from .support import Unsupported
 
 
@@ -37,6 +38,23 @@ class TensorSpec:
         if self.index_range is not None:
             out |= {"index_range": list(self.index_range), "index_of": self.index_of}
         return out
+
+
+@dataclass(frozen=True)
+class BoundInput:
+    """A graph input frozen to one value at compile time (``--bind-input``). The model is compiled for that
+    value (it may decide shapes), so the package does not take it as an input and the runtime refuses a
+    different value fed in its place."""
+
+    name: str
+    value: np.ndarray = field(compare=False)
+
+    SHOWN = 64  # bound values up to this many elements are written into the manifest as well
+
+    def to_json(self) -> dict:
+        a = self.value
+        out = {"name": self.name, "shape": list(a.shape), "dtype": a.dtype.name, "sha256": array_digest(a)}
+        return out | ({"value": a.tolist()} if a.size <= self.SHOWN else {})
 
 
 # op type -> (position of the indices input, position of the data input) for ops that read data at indices
@@ -137,6 +155,37 @@ def _dtype_of(vi: onnx.ValueInfoProto) -> str:
         ) from None
 
 
+def bind_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> list[BoundInput]:
+    """Turn the graph inputs named in ``values`` into initializers holding those values, so shape inference
+    and constant folding see them; their dtype must be the input's and their shape fit its declared dims."""
+    inputs = {vi.name: vi for vi in graph_inputs(model)}
+    weights = {t.name for t in model.graph.initializer}
+    bound = []
+    for name, value in values.items():
+        value = np.asarray(value)
+        if name not in inputs:
+            what = "a weight (initializer)" if name in weights else "not an input of the model"
+            raise TvmpipeError(f"--bind-input {name}: '{name}' is {what}; the model's inputs are "
+                               f"{', '.join(repr(k) for k in inputs)}")
+        vi = inputs[name]
+        if not vi.type.HasField("tensor_type"):
+            raise Unsupported(f"input '{name}' is not a tensor (sequence/map/optional inputs are not supported)")
+        dtype = _dtype_of(vi)
+        if value.dtype.name != dtype:
+            raise TvmpipeError(f"--bind-input {name}: the value is {value.dtype.name}, the model's input '{name}' "
+                               f"is {dtype}")
+        tt = vi.type.tensor_type
+        if tt.HasField("shape"):
+            dims = ["?" if not d.HasField("dim_value") else d.dim_value for d in tt.shape.dim]
+            if len(dims) != value.ndim or any(d not in ("?", n) for d, n in zip(dims, value.shape)):
+                raise TvmpipeError(f"--bind-input {name}: the value has shape {list(value.shape)}, the model's "
+                                   f"input '{name}' has shape {dims}")
+        model.graph.input.remove(vi)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+        bound.append(BoundInput(name, value))
+    return bound
+
+
 def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> list[TensorSpec]:
     """Write static shapes into the graph inputs; every dynamic dim must be bound by ``shapes``."""
     inputs = graph_inputs(model)
@@ -228,6 +277,19 @@ def _normalize_constants(graph: onnx.GraphProto) -> None:
         node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(np.asarray(value), node.output[0])))
 
 
+SMALL_FILL = 1024  # ConstantOfShape outputs up to this many elements are folded
+
+
+def _fold_small_fills(node) -> bool | None:
+    """Fold a ConstantOfShape of known small size, which onnxscript keeps (so as not to grow a model by its
+    zeros): such values are mostly shapes and axes (the expanded LayerNorm's reshape target) that later ops
+    need as constants. None leaves every other node to onnxscript's own rules."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+        return None
+    shape = node.inputs[0].const_value
+    return True if shape is not None and int(np.prod(shape.numpy())) <= SMALL_FILL else None
+
+
 def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     """onnxscript's ``optimize`` without its rewrite rules.
 
@@ -241,7 +303,8 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     m = ir.serde.deserialize_model(model)
     common.InlinePass()(m)
     for _ in range(iterations):
-        folded = fold_constants_ir(m, onnx_shape_inference=True, output_size_limit=1 << 26).modified
+        folded = fold_constants_ir(m, onnx_shape_inference=True, output_size_limit=1 << 26,
+                                   should_fold=_fold_small_fills).modified
         if not common.RemoveUnusedNodesPass()(m).modified and not folded:
             break
     ir.passes.Sequential(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import onnx
 
 from ..errors import TvmpipeError
@@ -20,7 +21,14 @@ ONNX_DOMAINS = ("", "ai.onnx")
 
 
 class Unsupported(TvmpipeError):
-    """A clear refusal: the model uses something tvmpipe does not compile (exactly), by design or yet."""
+    """A clear refusal: the model uses something tvmpipe does not compile (exactly), by design or yet.
+
+    ``bindable``: graph inputs whose run-time value decides a shape or a kernel; the message suggests
+    ``--bind-input`` for them (and ``benchmarks/onnx_conformance.py`` retries with them bound)."""
+
+    def __init__(self, message: str, bindable: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.bindable = bindable
 
 
 def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -97,11 +105,42 @@ def _maxpool(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
     return None
 
 
+def _initializer(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    init = next((t for t in graph.initializer if t.name == name), None)
+    return None if init is None else onnx.numpy_helper.to_array(init)
+
+
+def _static_shape(graph: onnx.GraphProto, name: str) -> tuple[int, ...] | None:
+    for vi in [*graph.input, *graph.value_info]:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name == name and vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            return tuple(d.dim_value for d in dims)
+    return None
+
+
+def _resize(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
+    """The Relax converter resizes to an output size: ONNX's antialiasing filter is not applied, and where
+    ``scales`` give a fractional size (input dim x scale) ONNX maps coordinates by the scale, the converter
+    by the rounded size (both found by the node tests, once --bind-input made their scales constant)."""
+    if _attr(node, "antialias", 0):
+        return "antialias=1 is not applied by the Relax converter"
+    scales = _initializer(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if scales is None or not scales.size:
+        return None
+    shape = _static_shape(graph, node.input[0])
+    dims = [shape[a] for a in _attr(node, "axes", range(len(shape)))] if shape else []
+    if len(dims) != scales.size or any(not (d * float(s)).is_integer() for d, s in zip(dims, scales)):
+        return (f"scales {scales.tolist()} do not give a whole output size for input shape {list(shape or [])}: "
+                "the Relax converter maps coordinates by the rounded size, ONNX by the scale")
+    return None
+
+
 def _blocked(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
     return "blocked quantization (block_size > 0) is not supported" if _attr(node, "block_size", 0) else None
 
 
 REFUSALS: dict[str, Refusal] = {
+    "Resize": _resize,
     "RoiAlign": _roialign,
     "MaxPool": _maxpool,
     "QuantizeLinear": _blocked,
@@ -123,6 +162,7 @@ CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
     "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CumSum": (1,), "AffineGrid": (1,),
     "CenterCropPad": (1,), "SplitToSequence": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2),
+    "CumProd": (1,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
 }
 
 # Uses of a value that never read its elements: only its shape and dtype, or (Dropout's ratio) nothing at
@@ -139,8 +179,36 @@ def _input_role(node: onnx.NodeProto, k: int, opset: int) -> str:
         return f"input {k}"
 
 
-def runtime_constant_problems(model: onnx.ModelProto, original: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
-    """Nodes that need a run-time value at compile time, in the cleaned ``model``.
+def _source_inputs(graph: onnx.GraphProto, name: str, inputs: set[str]) -> list[str]:
+    """The graph inputs whose elements the value ``name`` is computed from (shape-only uses not followed)."""
+    producers = {out: node for node in graph.node for out in node.output}
+    found, seen, todo = set(), set(), [name]
+    while todo:
+        value = todo.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in inputs:
+            found.add(value)
+        elif value in producers:
+            node = producers[value]
+            todo += [v for k, v in enumerate(node.input) if v and (node.op_type, k) not in _METADATA_USES]
+    return sorted(found)
+
+
+def _bind_hint(names: list[str]) -> str:
+    if not names:
+        return ""
+    them = "it" if len(names) == 1 else "them"
+    flags = " ".join(f"--bind-input {n}=FILE.npy" for n in names)
+    return f"; to compile for one value of the graph input{'s' if len(names) > 1 else ''} " \
+           f"{', '.join(repr(n) for n in names)}, freeze {them} with {flags}"
+
+
+def runtime_constant_problems(model: onnx.ModelProto,
+                              original: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str]]]:
+    """Nodes that need a run-time value at compile time, in the cleaned ``model``: (node, reason, the graph
+    inputs that value comes from, which ``--bind-input`` would make constant).
 
     Two ways this shows: the node still reads a graph input (or a value computed from one) at a position of
     ``CONSTANT_INPUTS``; or the optimiser, trusting the model's declared output shapes, replaced such a value
@@ -153,14 +221,17 @@ def runtime_constant_problems(model: onnx.ModelProto, original: onnx.ModelProto)
     for node in model.graph.node:
         for k in CONSTANT_INPUTS.get(node.op_type, ()) if node.domain in ONNX_DOMAINS else ():
             if k < len(node.input) and node.input[k] and node.input[k] not in consts:
+                sources = _source_inputs(model.graph, node.input[k], _graph_input_names(model))
                 problems.append((node, f"its {_input_role(node, k, opset)} ('{node.input[k]}') must be a constant, "
-                                       "but it is computed at run time (tvmpipe compiles static shapes)"))
+                                       f"but it is computed at run time (tvmpipe compiles static shapes){_bind_hint(sources)}",
+                                 sources))
     still_read, inputs = consumed_names(model.graph), _graph_input_names(original)
     for node in iter_nodes(original.graph):
         for k, name in enumerate(node.input):
             if name in inputs and name not in still_read and (node.op_type, k) not in _METADATA_USES:
                 problems.append((node, f"its {_input_role(node, k, opset)} is the graph input '{name}', whose value "
-                                       "must be known at compile time (tvmpipe compiles static shapes)"))
+                                       f"must be known at compile time (tvmpipe compiles static shapes){_bind_hint([name])}",
+                                 [name]))
     return problems
 
 
@@ -232,8 +303,10 @@ def check(model: onnx.ModelProto, path: str, is_supported: Callable[[str, str], 
             reason = REFUSALS[node.op_type](node, model.graph)
         if reason:
             add(node, reason)
-    for node, reason in runtime_constant_problems(model, original or model):
+    bindable: set[str] = set()
+    for node, reason, sources in runtime_constant_problems(model, original or model):
         add(node, reason)
+        bindable.update(sources)
     parts = []
     for (domain, op, reason), nodes in sorted(problems.items()):
         qual = f"{domain}::{op}" if domain not in ONNX_DOMAINS else op
@@ -250,4 +323,4 @@ def check(model: onnx.ModelProto, path: str, is_supported: Callable[[str, str], 
         return
     n = sum(len(v) for v in problems.values())
     head = f"{n} node{'s' if n > 1 else ''} cannot be compiled" if n else "the model cannot be compiled"
-    raise Unsupported(f"{path}: {head}: " + "; ".join(parts))
+    raise Unsupported(f"{path}: {head}: " + "; ".join(parts), tuple(sorted(bindable)))
