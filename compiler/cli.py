@@ -178,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .runtime import Timing, load
+    from .runtime import Timing, load, profile_table
 
     runner = load(args.package)
     inputs = _load_npz(args.inputs) if args.inputs else runner.random_inputs()
@@ -200,6 +200,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      f"p90 {result['ort_p90_ms']:.4f} ms  p99 {result['ort_p99_ms']:.4f} ms")
         lines.append(f"speedup vs onnxruntime {result['speedup_vs_ort']:.2f}x; max abs err {result['max_abs_err']:.3g}, "
                      f"max rel err {result['max_rel_err']:.3g}")
+    if args.profile:
+        kernels = runner.profile(inputs, repeat=max(1, min(args.repeat, 20)))
+        result["kernels"] = [vars(k) for k in kernels]
+        lines += profile_table(kernels)
     if args.json:
         print(json.dumps(result))
     else:
@@ -313,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup", type=int, default=10)
     s.add_argument("--compare-onnx", metavar="MODEL.onnx", help="also run onnxruntime on the same inputs")
     s.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    s.add_argument("--profile", action="store_true",
+                   help="also time each kernel (synchronised per call: for ranking them, not for the total)")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("demo", parents=[common], help="compile, run and check the bundled demo model")

@@ -96,6 +96,16 @@ def _check_compatible(manifest: dict, path: str) -> None:
             )
 
 
+@dataclass
+class KernelTime:
+    """One kernel's share of a call of ``main``: where its schedule came from, launches and milliseconds."""
+
+    name: str
+    schedule: str  # the manifest's "tuned", "hand:<rule>", "dlight:<rule>" or "default"
+    calls: int
+    ms: float
+
+
 class Runner:
     """A loaded package: ``runner(**arrays) -> {output name: array}``."""
 
@@ -191,6 +201,40 @@ class Runner:
         timer = evaluator("invoke_stateful", self.device, number=1, repeat=repeat)
         return Timing([t * 1e3 for t in timer("main").results])
 
+    def profile(self, arrays: dict[str, np.ndarray], repeat: int = 10) -> list[KernelTime]:
+        """Time every kernel launch of ``main`` (sorted by total time), through the VM's call instrument.
+
+        TVM 0.27's VM lost its profiler; its instrument hook is called before and after each call, so each
+        call is timed between two device syncs. A GPU kernel's time thus includes its launch and a sync
+        (~10 us): the ranking of the big kernels is what this is for, the sum exceeds ``time()``. A package
+        built with ``--cuda-graph`` shows its replayed graph as one call after the first run.
+        """
+        import time
+
+        args = self._arguments(arrays)
+        kernels = self.manifest.get("kernels", {})
+        totals: dict[str, list[float]] = {}
+        start = [0.0]
+
+        def instrument(func, symbol: str, before: bool, ret, *call_args) -> int:
+            self.device.sync()
+            if before:
+                start[0] = time.perf_counter()
+            elif symbol in kernels or not symbol.startswith("vm.builtin."):
+                totals.setdefault(symbol, []).append((time.perf_counter() - start[0]) * 1e3)
+            return 0  # VMInstrumentReturnKind.NO_OP: run the call as usual
+
+        self._vm["main"](*args)  # first-touch costs (allocation, CUDA graph capture) stay out of the numbers
+        self._vm.set_instrument(instrument)
+        try:
+            for _ in range(repeat):
+                self._vm["main"](*args)
+        finally:
+            self._vm.set_instrument(None)
+        rows = [KernelTime(name, kernels.get(name, "-"), len(ms) // repeat, sum(ms) / repeat)
+                for name, ms in totals.items()]
+        return sorted(rows, key=lambda r: -r.ms)
+
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Random arrays matching the manifest (integers in [0, 10) for index-like inputs)."""
         rng = np.random.default_rng(seed)
@@ -204,6 +248,20 @@ class Runner:
             else:
                 out[spec["name"]] = rng.integers(0, 10, spec["shape"]).astype(dt)
         return out
+
+
+def profile_table(kernels: list[KernelTime], top: int = 15) -> list[str]:
+    """Lines of a table of the ``top`` kernels by time (``Runner.profile``), then one line for the rest."""
+    total = sum(k.ms for k in kernels) or 1.0
+    lines = [f"{'kernel':<60} {'schedule':<24} {'calls':>5} {'ms':>9} {'share':>6}"]
+    for k in kernels[:top]:
+        name = k.name if len(k.name) <= 60 else k.name[:57] + "..."
+        lines.append(f"{name:<60} {k.schedule:<24} {k.calls:>5} {k.ms:>9.4f} {k.ms / total:>6.1%}")
+    if rest := kernels[top:]:
+        ms = sum(k.ms for k in rest)
+        more = f"({len(rest)} more kernels)"
+        lines.append(f"{more:<60} {'':<24} {sum(k.calls for k in rest):>5} {ms:>9.4f} {ms / total:>6.1%}")
+    return lines
 
 
 def load(path: str) -> Runner:

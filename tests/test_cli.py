@@ -93,6 +93,20 @@ def test_run_input_errors(capsys, tmp_path, small_pkg, bad, needle):
     assert r.code == 2 and needle in r.err and r.err.count("\n") == 1, r.err
 
 
+def test_bench_profile_times_every_kernel(capsys, small_pkg):
+    _, pkg = small_pkg
+    with zipfile.ZipFile(pkg) as zf:
+        kernels = json.loads(zf.read("manifest.json"))["kernels"]
+    r = run_cli(capsys, "bench", pkg, "--repeat", "5", "--profile", "--json")
+    assert r.code == 0, r.err
+    rows = json.loads(r.out.strip().splitlines()[-1])["kernels"]
+    assert {k["name"]: k["schedule"] for k in rows} == kernels  # every kernel launched, labelled as built
+    assert all(k["calls"] == 1 and k["ms"] > 0 for k in rows)
+    assert [k["ms"] for k in rows] == sorted((k["ms"] for k in rows), reverse=True)
+    text = run_cli(capsys, "bench", pkg, "--repeat", "5", "--profile")
+    assert text.code == 0 and "schedule" in text.out and next(iter(kernels)) in text.out
+
+
 def test_bench_json_compare(capsys, small_pkg):
     src, pkg = small_pkg
     r = run_cli(capsys, "bench", pkg, "--repeat", "20", "--json", "--compare-onnx", src)
