@@ -80,6 +80,22 @@ def _exact_minmax(bb, result: relax.Expr) -> relax.Expr:
     return bb.emit_te(_reduce_te, call.args[0], axes, bool(call.attrs.keepdims), call.op.name == "relax.max")
 
 
+class ExactMinMax(Rewrite):
+    """ReduceMax/ReduceMin by ``_exact_minmax``; a bool input reduces as uint8 (max: any, min: all), as TOPI
+    has no bool identity element."""
+
+    def get_converter(self, opset: int):
+        convert = super().get_converter(opset)
+
+        def run(bb, inputs, attrs, params):
+            if dtype_of(inputs[0]) != "bool":
+                return convert(bb, inputs, attrs, params)
+            as_int = [bb.normalize(op.astype(inputs[0], "uint8")), *inputs[1:]]
+            return op.astype(convert(bb, as_int, attrs, params), "bool")
+
+        return run
+
+
 def _stashed(bb, x: relax.Expr, attrs: dict) -> relax.Expr:
     """``x`` in the normalisations' stash type (float32 unless stash_type says otherwise)."""
     stash = "float32" if attrs.get("stash_type", 1) == 1 else dtype_of(x)
@@ -219,7 +235,7 @@ class ConvTranspose:
 
 
 for _name, _conv in {
-    "ReduceMax": Rewrite("ReduceMax", _exact_minmax), "ReduceMin": Rewrite("ReduceMin", _exact_minmax),
+    "ReduceMax": ExactMinMax("ReduceMax", _exact_minmax), "ReduceMin": ExactMinMax("ReduceMin", _exact_minmax),
     "LayerNormalization": layer_norm, "RMSNormalization": RmsNorm, "LpNormalization": lp_norm,
     "NegativeLogLikelihoodLoss": nll_loss, "SoftmaxCrossEntropyLoss": softmax_cross_entropy,
     "SpaceToDepth": space_to_depth, "ConvTranspose": ConvTranspose,

@@ -1,0 +1,89 @@
+"""Pad, CenterCropPad, Split, OneHot, AffineGrid and bool ReduceMax/ReduceMin (``compiler/frontend/
+converters_layout.py``, ``converters_nn.py``) against onnx's ReferenceEvaluator: odd shapes, fresh random
+inputs, the shape-deciding inputs as initializers."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from helpers import make_model, ort_run, save
+
+ELEM = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.int32): TP.INT32, np.dtype(np.bool_): TP.BOOL,
+        np.dtype(np.int64): TP.INT64}
+
+
+def _check(tmp_path, node, feeds: dict[str, np.ndarray], consts: dict[str, np.ndarray], opset: int,
+           ort: bool = False) -> None:
+    """Compile ``node`` with ``consts`` as initializers, run on ``feeds``, compare every output exactly (floats
+    to 1e-6) with the reference (``ort``: with onnxruntime, where the reference lacks a feature)."""
+    from compiler import compile_model, load
+
+    outs = [o for o in node.output if o]
+    model = make_model([node], [(n, ELEM[a.dtype], list(a.shape)) for n, a in feeds.items()],
+                       [(o, TP.FLOAT if ort else TP.UNDEFINED, None) for o in outs], consts, opset=opset)
+    if ort:  # float outputs only
+        want = list(ort_run(save(model, tmp_path / "m.onnx"), feeds).values())
+    else:
+        want = ReferenceEvaluator(model).run(None, feeds)
+        for o, w in zip(model.graph.output, want):  # the reference tells the output types and shapes
+            o.CopyFrom(helper.make_tensor_value_info(o.name, ELEM.get(w.dtype, TP.FLOAT), w.shape))
+    compile_model(save(model, tmp_path / "m.onnx"), "cpu", tmp_path / "m.tvmpkg")
+    got = load(tmp_path / "m.tvmpkg")(**feeds)
+    for name, w in zip(outs, want):
+        assert got[name].shape == w.shape and got[name].dtype == w.dtype, name
+        np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads,axes", [([2, -1, 2, 2], [1, -1]), ([1, 0, 0, 0, 2, 1], None)])
+def test_pad(tmp_path, rng, mode, pads, axes):
+    """Negative pads (crops), pads as wide as onnxruntime allows, a run-time constant value."""
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    consts = {"pads": np.array(pads, np.int64)}
+    if axes is not None:
+        consts["axes"] = np.array(axes, np.int64)
+    feeds = {"x": x, "value": np.array(rng.standard_normal(), np.float32)}
+    node = helper.make_node("Pad", ["x", "pads", "value", "axes" if axes else ""], ["y"], mode=mode)
+    _check(tmp_path, node, feeds, consts, opset=19, ort=True)  # the reference refuses negative pads
+
+
+@pytest.mark.parametrize("target,axes", [([3, 6], [0, 2]), ([7, 2, 5], None)])
+def test_center_crop_pad(tmp_path, rng, target, axes):
+    node = helper.make_node("CenterCropPad", ["x", "shape"], ["y"], **({"axes": axes} if axes else {}))
+    _check(tmp_path, node, {"x": rng.integers(-9, 9, (4, 5, 3)).astype(np.int32)},
+           {"shape": np.array(target, np.int64)}, opset=18)
+
+
+@pytest.mark.parametrize("split,n", [([0, 3, 0, 4], 4), (None, 3)])
+def test_split(tmp_path, rng, split, n):
+    """Zero-size parts; without sizes, num_outputs parts of ceil(7 / 3) with a smaller last one."""
+    outs = [f"y{k}" for k in range(n)]
+    node = (helper.make_node("Split", ["x", "split"], outs, axis=1) if split else
+            helper.make_node("Split", ["x"], outs, axis=1, num_outputs=n))
+    consts = {"split": np.array(split, np.int64)} if split else {}
+    _check(tmp_path, node, {"x": rng.standard_normal((2, 7)).astype(np.float32)}, consts, opset=18)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot(tmp_path, rng, axis):
+    """Negative and out-of-range indices, a float depth (a whole one: reference and spec differ on 6.7)."""
+    node = helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=axis)
+    feeds = {"i": rng.integers(-7, 9, (3, 4)).astype(np.int64), "values": np.array([3, -5], np.int32)}
+    _check(tmp_path, node, feeds, {"depth": np.array(6.0, np.float32)}, opset=11)
+
+
+@pytest.mark.parametrize("size", [[2, 3, 5, 7], [2, 1, 3, 4, 5]])
+@pytest.mark.parametrize("align", [0, 1])
+def test_affine_grid(tmp_path, rng, size, align):
+    dims = len(size) - 2
+    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)
+    feeds = {"theta": rng.standard_normal((2, dims, dims + 1)).astype(np.float32)}
+    _check(tmp_path, node, feeds, {"size": np.array(size, np.int64)}, opset=20)
+
+
+@pytest.mark.parametrize("op_type", ["ReduceMax", "ReduceMin"])
+def test_reduce_bool(tmp_path, rng, op_type):
+    node = helper.make_node(op_type, ["x", "axes"], ["y"], keepdims=0)
+    _check(tmp_path, node, {"x": rng.random((3, 5, 2)) < 0.5}, {"axes": np.array([1], np.int64)}, opset=20)
