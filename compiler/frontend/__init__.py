@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from ..errors import TvmpipeError
-from . import attention_op, clip, rnn  # noqa: F401  (register ONNX Attention, Clip, LSTM/GRU/RNN)
+from . import attention_op, clip, resize, rnn  # noqa: F401  (register Attention, Clip, Resize, LSTM/GRU/RNN)
 from . import converters_layout, converters_math, converters_nn, converters_ops  # noqa: F401  (register tvmpipe's converters)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import BoundInput, TensorSpec, bind_shapes, bind_values, clean, index_ranges, parse_shape_arg, read_model

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import onnx
 
 from ..errors import TvmpipeError
@@ -105,42 +104,11 @@ def _maxpool(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
     return None
 
 
-def _initializer(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
-    init = next((t for t in graph.initializer if t.name == name), None)
-    return None if init is None else onnx.numpy_helper.to_array(init)
-
-
-def _static_shape(graph: onnx.GraphProto, name: str) -> tuple[int, ...] | None:
-    for vi in [*graph.input, *graph.value_info]:
-        dims = vi.type.tensor_type.shape.dim
-        if vi.name == name and vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-            return tuple(d.dim_value for d in dims)
-    return None
-
-
-def _resize(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
-    """The Relax converter resizes to an output size: ONNX's antialiasing filter is not applied, and where
-    ``scales`` give a fractional size (input dim x scale) ONNX maps coordinates by the scale, the converter
-    by the rounded size (both found by the node tests, once --bind-input made their scales constant)."""
-    if _attr(node, "antialias", 0):
-        return "antialias=1 is not applied by the Relax converter"
-    scales = _initializer(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    if scales is None or not scales.size:
-        return None
-    shape = _static_shape(graph, node.input[0])
-    dims = [shape[a] for a in _attr(node, "axes", range(len(shape)))] if shape else []
-    if len(dims) != scales.size or any(not (d * float(s)).is_integer() for d, s in zip(dims, scales)):
-        return (f"scales {scales.tolist()} do not give a whole output size for input shape {list(shape or [])}: "
-                "the Relax converter maps coordinates by the rounded size, ONNX by the scale")
-    return None
-
-
 def _blocked(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
     return "blocked quantization (block_size > 0) is not supported" if _attr(node, "block_size", 0) else None
 
 
 REFUSALS: dict[str, Refusal] = {
-    "Resize": _resize,
     "RoiAlign": _roialign,
     "MaxPool": _maxpool,
     "QuantizeLinear": _blocked,
