@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from ..errors import TvmpipeError
 from ..package import array_digest
 from .support import Unsupported
+from .unroll import unroll_scans
 
 
 @dataclass(frozen=True)
@@ -318,17 +319,24 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     return ir.serde.serialize_model(m)
 
 
-def clean(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference + constant folding + If/function inlining with onnxscript's optimiser."""
-    _normalize_constants(model.graph)
-    # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
-    del model.graph.value_info[:]
+def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = _optimize(model)
+            return _optimize(model)
     except Exception as err:  # the optimiser is best effort: import the unoptimised graph instead
         warnings.warn(f"onnxscript optimiser failed ({type(err).__name__}: {err}); importing the raw graph")
-        model = onnx.shape_inference.infer_shapes(model)
+        return onnx.shape_inference.infer_shapes(model)
+
+
+def clean(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference + constant folding + If/function inlining with onnxscript's optimiser; Scans of static
+    length unrolled (``unroll``), then optimised again."""
+    _normalize_constants(model.graph)
+    # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
+    del model.graph.value_info[:]
+    model = _optimized(model)
+    if unroll_scans(model):
+        model = _optimized(model)
     _normalize_constants(model.graph)  # the optimiser writes folded values in other Constant forms
     return model

@@ -119,6 +119,13 @@ REFUSALS: dict[str, Refusal] = {
 }
 
 
+# Why an op that tvmpipe handles in some forms was left without a converter in this one.
+NO_CONVERTER_NOTES = {
+    "Scan": " (Scan is unrolled before import only at opset 9+, with a static non-zero length and no subgraph "
+            "in its body)",
+}
+
+
 _REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
 
@@ -266,7 +273,7 @@ def check(model: onnx.ModelProto, path: str, is_supported: Callable[[str, str], 
         domain = node.domain or ""
         reason = None
         if not is_supported(domain, node.op_type):
-            reason = "no converter"
+            reason = "no converter" + (NO_CONVERTER_NOTES.get(node.op_type, "") if domain in ONNX_DOMAINS else "")
         elif domain in ONNX_DOMAINS and node.op_type in REFUSALS:
             reason = REFUSALS[node.op_type](node, model.graph)
         if reason:

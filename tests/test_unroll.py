@@ -1,0 +1,59 @@
+"""Scan unrolled before import (``compiler/frontend/unroll.py``) against onnxruntime: two states, scan inputs
+along different axes and directions, scan outputs stacked along different axes and directions, an outer-scope
+value read by the body; and a Scan that cannot be unrolled is refused with the reason."""
+
+import numpy as np
+from onnx import TensorProto as TP
+from onnx import helper
+
+from helpers import make_model, ort_run, run_cli, save
+
+
+def _scan_model(opset: int, length: int | None) -> object:
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "a_t"], ["s_out"]),
+         helper.make_node("Mul", ["p_in", "b_t"], ["p_mul"]),
+         helper.make_node("Add", ["p_mul", "w"], ["p_out"]),  # w: from the outer graph
+         helper.make_node("Sub", ["s_out", "p_out"], ["diff"]),
+         helper.make_node("Identity", ["s_out"], ["s_copy"])],
+        "body",
+        [helper.make_tensor_value_info(n, TP.FLOAT, [3]) for n in ("s_in", "p_in", "a_t", "b_t")],
+        [helper.make_tensor_value_info(n, TP.FLOAT, [3]) for n in ("s_out", "p_out", "diff", "s_copy")],
+    )
+    scan = helper.make_node("Scan", ["s0", "p0", "a", "b"], ["s", "p", "diffs", "sums"], body=body,
+                            num_scan_inputs=2, scan_input_axes=[0, 1], scan_input_directions=[0, 1],
+                            scan_output_axes=[1, 0], scan_output_directions=[1, 0])
+    w = helper.make_node("Mul", ["s0", "s0"], ["w"])
+    n = length or "L"
+    return make_model(
+        [w, scan],
+        [("s0", TP.FLOAT, [3]), ("p0", TP.FLOAT, [3]), ("a", TP.FLOAT, [n, 3]), ("b", TP.FLOAT, [3, n])],
+        [("s", TP.FLOAT, [3]), ("p", TP.FLOAT, [3]), ("diffs", TP.FLOAT, [3, n]), ("sums", TP.FLOAT, [n, 3])],
+        opset=opset,
+    )
+
+
+def test_scan_unrolled_matches_onnxruntime(tmp_path, rng):
+    from compiler import compile_model, load
+
+    for opset, length in ((11, 5), (17, 7)):
+        src = save(_scan_model(opset, length), tmp_path / f"m{opset}.onnx")
+        feeds = {"s0": rng.standard_normal(3).astype(np.float32), "p0": rng.standard_normal(3).astype(np.float32),
+                 "a": rng.standard_normal((length, 3)).astype(np.float32),
+                 "b": rng.uniform(0.5, 1.5, (3, length)).astype(np.float32)}
+        compile_model(src, "cpu", tmp_path / "m.tvmpkg")
+        got, want = load(tmp_path / "m.tvmpkg")(**feeds), ort_run(src, feeds)
+        for name, ref in want.items():
+            np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6, err_msg=f"opset {opset}: {name}")
+
+
+def test_scan_of_unknown_length_refused(capsys, tmp_path):
+    """Without a static length (here: the opset-8 batched form) the refusal says what Scan needs."""
+    body = helper.make_graph([helper.make_node("Add", ["s", "x"], ["s2"])], "b",
+                             [helper.make_tensor_value_info(n, TP.FLOAT, [2]) for n in ("s", "x")],
+                             [helper.make_tensor_value_info("s2", TP.FLOAT, [2])])
+    scan = helper.make_node("Scan", ["", "s0", "x"], ["s"], body=body, num_scan_inputs=1)
+    model = make_model([scan], [("s0", TP.FLOAT, [1, 2]), ("x", TP.FLOAT, [1, 4, 2])], [("s", TP.FLOAT, [1, 2])],
+                       opset=8)
+    r = run_cli(capsys, "compile", save(model, tmp_path / "m.onnx"), "-t", "cpu")
+    assert r.code == 2 and "Scan" in r.err and "static non-zero length" in r.err, r.err
