@@ -57,3 +57,24 @@ def test_scan_of_unknown_length_refused(capsys, tmp_path):
                        opset=8)
     r = run_cli(capsys, "compile", save(model, tmp_path / "m.onnx"), "-t", "cpu")
     assert r.code == 2 and "Scan" in r.err and "static non-zero length" in r.err, r.err
+
+
+def test_function_op_expanded_matches_reference(tmp_path, rng):
+    """LinearAttention has no converter but an ONNX function body (context-dependent, with a Scan): expanded,
+    unrolled and compiled, it matches onnx's reference, with an omitted optional input in the middle."""
+    from onnx.reference import ReferenceEvaluator
+
+    from compiler import compile_model, load
+
+    b, s, h, d = 2, 5, 3, 4
+    node = helper.make_node("LinearAttention", ["q", "k", "v", "", "decay"], ["y", "state"],
+                            q_num_heads=h, kv_num_heads=h, update_rule="gated")
+    shape = [b, s, h * d]
+    model = make_model([node], [(n, TP.FLOAT, shape) for n in ("q", "k", "v", "decay")],
+                       [("y", TP.FLOAT, shape), ("state", TP.FLOAT, [b, h, d, d])], opset=27)
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in ("q", "k", "v")}
+    feeds["decay"] = -rng.uniform(0.05, 1.0, shape).astype(np.float32)
+    compile_model(save(model, tmp_path / "m.onnx"), "cpu", tmp_path / "m.tvmpkg")
+    got = load(tmp_path / "m.tvmpkg")(**feeds)
+    for name, ref in zip(("y", "state"), ReferenceEvaluator(model).run(None, feeds)):
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -1,7 +1,9 @@
 """Frontend stage: ONNX file -> Relax IRModule with static shapes, a clean graph and constant weights.
 
 ``load(path, shapes, bind)`` is the one entry point: read + validate the file, freeze the inputs given a
-value (``--bind-input``) into initializers, bind the given static shapes, clean the graph (onnxscript), refuse every node we cannot compile exactly (all at once), then import.
+value (``--bind-input``) into initializers, bind the given static shapes, expand ops with no converter but
+an ONNX function body, clean the graph (onnxscript, Scans unrolled), refuse every node we cannot compile
+exactly (all at once), then import.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import onnx
 
 from ..errors import TvmpipeError
 from . import attention_op, clip, resize, rnn  # noqa: F401  (register Attention, Clip, Resize, LSTM/GRU/RNN)
-from . import converters_layout, converters_math, converters_nn, converters_ops  # noqa: F401  (register tvmpipe's converters)
+from . import converters_layout, converters_math, converters_nn, converters_ops  # noqa: F401  (our converters)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import BoundInput, TensorSpec, bind_shapes, bind_values, clean, index_ranges, parse_shape_arg, read_model
 from .support import Unsupported, check, iter_nodes, opset_of
+from .unroll import expand_functions
 
 __all__ = ["BoundInput", "Imported", "TensorSpec", "load", "parse_shape_arg"]
 
@@ -73,7 +76,7 @@ def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None,
     frozen = bind_values(model, dict(bind or {}))
     inputs = bind_shapes(model, dict(shapes or {}))
     bound = onnx.ModelProto.FromString(model.SerializeToString())  # clean() may rewrite in place
-    model = clean(model)
+    model = clean(expand_functions(model, is_supported))
     check(model, path, is_supported, original=bound)
     opset = opset_of(model, "")
     with warnings.catch_warnings():

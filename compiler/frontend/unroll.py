@@ -1,4 +1,7 @@
-"""Scan (opset 9+) unrolled into plain ONNX nodes before import: tvmpipe compiles static shapes, so a scan's
+"""Rewrites into plain ONNX before import: ops with no converter but an ONNX function body are expanded
+(``expand_functions``), and Scans are unrolled (``unroll_scans``).
+
+Scan (opset 9+) is unrolled into plain ONNX nodes: tvmpipe compiles static shapes, so a scan's
 length is known and its body can be repeated that many times, each copy reading the previous copy's state.
 
 Each iteration t slices element t (from the end for a reverse direction) of every scan input with a Gather
@@ -10,11 +13,81 @@ opset 8 (batched, with sequence_lens) is left as it is (and refused by ``support
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import helper, numpy_helper
 
-from .support import opset_of
+from .support import ONNX_DOMAINS, opset_of
+
+# Expanded, these would only move the refusal to the random op of their body.
+_RANDOM = {"Bernoulli"}
+_LOCAL = "tvmpipe.expanded"  # the domain of the per-node function copies
+
+
+def _function(node: onnx.NodeProto, model: onnx.ModelProto,
+              types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
+    """The ONNX function body of ``node``'s op for this node (a context-dependent body sees its input types;
+    an omitted optional input has none), or None if the op has none."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset_of(model, node.domain), node.domain)
+    except onnx.defs.SchemaError:
+        return None
+    fn = onnx.FunctionProto()
+    if schema.has_function:
+        fn.CopyFrom(schema.function_body)
+    elif schema.has_context_dependent_function:
+        node = _with_defaults(node, schema)
+        fn.ParseFromString(schema.get_context_dependent_function(
+            node.SerializeToString(), [types.get(i, onnx.TypeProto()).SerializeToString() for i in node.input]))
+    else:
+        return None
+    return fn
+
+
+def _with_defaults(node: onnx.NodeProto, schema) -> onnx.NodeProto:
+    """``node`` with the schema's default value written for every attribute it leaves out."""
+    node = onnx.NodeProto.FromString(node.SerializeToString())
+    given = {a.name for a in node.attribute}
+    node.attribute.extend(a.default_value for name, a in schema.attributes.items()
+                          if name not in given and a.default_value.name)
+    return node
+
+
+def expand_functions(model: onnx.ModelProto, is_supported: Callable[[str, str], bool]) -> onnx.ModelProto:
+    """``model`` with every node whose op has no converter (``is_supported(domain, op)`` false) but an ONNX
+    function body (LinearAttention, FlexAttention ...) replaced by that body: each such node calls its own
+    model-local copy (context-dependent bodies differ per node), which onnx's inliner then inlines. Shape
+    inference runs first for the input types. Unchanged if that fails: the nodes are then refused as they are."""
+    def wanted(n: onnx.NodeProto) -> bool:
+        return (n.op_type not in _RANDOM and n.domain in (*ONNX_DOMAINS, "ai.onnx.preview")
+                and not is_supported(n.domain, n.op_type))
+
+    if not any(map(wanted, model.graph.node)):
+        return model
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+        g = typed.graph
+        types = {vi.name: vi.type for vi in [*g.input, *g.value_info, *g.output]}
+        found = False
+        for k, node in enumerate(filter(wanted, g.node)):
+            fn = _function(node, typed, types)
+            if fn is None:
+                continue
+            node.CopyFrom(_with_defaults(node, onnx.defs.get_schema(node.op_type, opset_of(typed, node.domain),
+                                                                    node.domain)))
+            fn.name, fn.domain = f"{node.op_type}_{k}", _LOCAL
+            node.op_type, node.domain = fn.name, _LOCAL
+            typed.functions.append(fn)
+            found = True
+        if not found:
+            return model
+        typed.opset_import.append(helper.make_opsetid(_LOCAL, 1))
+        return onnx.inliner.inline_local_functions(typed)
+    except Exception:  # noqa: BLE001 - the inliner refuses what it cannot type
+        return model
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
@@ -36,7 +109,7 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 def unrollable(node: onnx.NodeProto, shapes: dict, opset: int) -> int | None:
     """The scan length if ``node`` can be unrolled, else None."""
-    if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opset < 9:
+    if node.op_type != "Scan" or node.domain not in ONNX_DOMAINS or opset < 9:
         return None
     body = _attr(node, "body")
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in body.node for a in n.attribute):
