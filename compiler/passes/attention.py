@@ -186,6 +186,8 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     if found is None:
         return out
     (q, qs), (kt, ks) = _peel_scale(found.q, var2val, uses), _peel_scale(found.kt, var2val, uses)
+    if len({dtype(found.q), dtype(found.kt), dtype(v)}) != 1:  # the kernels take Q, K and V of one type
+        return out
     shapes = [static_shape(e) for e in (found.q, found.kt, v, softmax.args[0])]
     if any(s is None or len(s) != rank for s in shapes):
         return out
