@@ -249,6 +249,23 @@ def cum_prod(bb, inputs, attrs, params) -> relax.Expr:
     return op.flip(y, axis) if reverse else y
 
 
+class NonMaxSuppression:
+    """Upstream's, with the IoU threshold raised to the next float32: TOPI suppresses a box at IoU >= the
+    threshold, ONNX only above it (test_nonmaxsuppression_iou_threshold_boundary). The thresholds and the
+    box limit are constants (``support.CONSTANT_INPUTS``)."""
+
+    @staticmethod
+    def get_converter(opset: int):
+        convert = upstream._get_convert_map()["NonMaxSuppression"].get_converter(opset)
+
+        def run(bb, inputs, attrs, params):
+            iou = np.float32(inputs[3].value.numpy().item())
+            above = relax.const(np.nextafter(iou, np.float32(np.inf)), "float32")
+            return convert(bb, [*inputs[:3], above, *inputs[4:]], attrs, params)
+
+        return run
+
+
 # The cosine windows as sums of cos(2 pi k n / N') terms: op -> coefficient of each k (ONNX's definitions).
 _WINDOWS = {"HannWindow": (0.5, -0.5), "HammingWindow": (25 / 46, -21 / 46), "BlackmanWindow": (0.42, -0.5, 0.08)}
 
@@ -274,6 +291,6 @@ for _name, _conv in {
     "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
-    "CumProd": cum_prod, **{name: _window(c) for name, c in _WINDOWS.items()},
+    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, **{name: _window(c) for name, c in _WINDOWS.items()},
 }.items():
     register_converter("", _name, _conv, override=True)

@@ -61,13 +61,11 @@ Refusal = Callable[[onnx.NodeProto, onnx.GraphProto], "str | None"]
 
 
 def _nms(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
-    consts = constant_names(graph)
+    """(Inputs computed at run time are refused by ``CONSTANT_INPUTS``: the converter needs their values.)"""
     names = ("max_output_boxes_per_class", "iou_threshold", "score_threshold")
     for k, what in enumerate(names, start=2):
         if len(node.input) <= k or not node.input[k]:
             return f"input {what} is omitted and the Relax converter would substitute a non-ONNX default"
-        if node.input[k] not in consts:
-            return f"input {what} is computed at run time and the Relax converter would replace it with a default"
     return None
 
 
@@ -138,6 +136,7 @@ CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CumSum": (1,), "AffineGrid": (1,),
     "CenterCropPad": (1,), "SplitToSequence": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2),
     "CumProd": (1,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "NonMaxSuppression": (2, 3, 4),
 }
 
 # Uses of a value that never read its elements: only its shape and dtype, or (Dropout's ratio) nothing at
