@@ -291,6 +291,29 @@ def _fold_small_fills(node) -> bool | None:
     return True if shape is not None and int(np.prod(shape.numpy())) <= SMALL_FILL else None
 
 
+def _split_constants(graph) -> None:
+    """Give the outputs of a Split of constants their values, which onnxscript does not fold (it folds no
+    multi-output op): the expanded AffineGrid splits its size into N, C, H, W and shapes a Range by them."""
+    import onnx_ir as ir
+
+    for node in graph:
+        if node.op_type != "Split" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+            continue
+        x = node.inputs[0].const_value
+        sizes = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if x is None or (len(node.inputs) > 1 and node.inputs[1] is not None and sizes is None):
+            continue
+        attrs = {a.name: a.value for a in node.attributes.values()}
+        data, axis = x.numpy(), attrs.get("axis", 0)
+        sizes = sizes.numpy() if sizes is not None else attrs.get("split")
+        if sizes is None:
+            part = -(-data.shape[axis] // attrs.get("num_outputs", len(node.outputs)))
+            sizes = [min(part, data.shape[axis] - s) for s in range(0, data.shape[axis], part)]
+        for out, piece in zip(node.outputs, np.split(data, np.cumsum(sizes)[:-1], axis=axis)):
+            if out.const_value is None:
+                out.const_value = ir.tensor(piece)
+
+
 def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     """onnxscript's ``optimize`` without its rewrite rules.
 
@@ -304,6 +327,7 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     m = ir.serde.deserialize_model(model)
     common.InlinePass()(m)
     for _ in range(iterations):
+        _split_constants(m.graph)
         folded = fold_constants_ir(m, onnx_shape_inference=True, output_size_limit=1 << 26,
                                    should_fold=_fold_small_fills).modified
         if not common.RemoveUnusedNodesPass()(m).modified and not folded:
