@@ -87,3 +87,17 @@ def test_affine_grid(tmp_path, rng, size, align):
 def test_reduce_bool(tmp_path, rng, op_type):
     node = helper.make_node(op_type, ["x", "axes"], ["y"], keepdims=0)
     _check(tmp_path, node, {"x": rng.random((3, 5, 2)) < 0.5}, {"axes": np.array([1], np.int64)}, opset=20)
+
+
+@pytest.mark.parametrize("image,kernel,dil,pads,strides", [
+    ([5, 7], [2, 3], [1, 2], [1, 0, 2, 1], [2, 1]),
+    ([4, 3, 5], [2, 2, 3], [1, 1, 1], [0, 1, 1, 1, 0, 0], [1, 2, 2]),
+])
+def test_col2im(tmp_path, rng, image, kernel, dil, pads, strides):
+    """Overlapping blocks (several contributions per pixel), dilation, uneven pads."""
+    nd = len(image)
+    blocks = [(image[d] + pads[d] + pads[d + nd] - dil[d] * (kernel[d] - 1) - 1) // strides[d] + 1 for d in range(nd)]
+    x = rng.standard_normal((2, 3 * int(np.prod(kernel)), int(np.prod(blocks)))).astype(np.float32)
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], dilations=dil, pads=pads, strides=strides)
+    _check(tmp_path, node, {"x": x}, {"image": np.array(image, np.int64), "block": np.array(kernel, np.int64)},
+           opset=18)

@@ -1,6 +1,6 @@
-"""Pad, CenterCropPad, Split, OneHot and AffineGrid from gathers, slices and comparisons: the upstream
-converters fail on forms the ONNX node tests use (Pad's run-time constant_value at opset 25, zero-size
-splits, OneHot's bound depth, AffineGrid's bound size; CenterCropPad has none). Shape-deciding inputs are
+"""Pad, CenterCropPad, Split, OneHot, AffineGrid and Col2Im from gathers, slices and comparisons: the
+upstream converters fail on forms the ONNX node tests use (Pad's run-time constant_value at opset 25,
+zero-size splits, OneHot's bound depth, AffineGrid's bound size; CenterCropPad and Col2Im have none). Shape-deciding inputs are
 constants here (``support.CONSTANT_INPUTS``), so every index map is computed once in numpy and the graph
 only gathers and selects: exact for any dtype.
 """
@@ -137,6 +137,38 @@ def affine_grid(bb, inputs, attrs, params) -> relax.Expr:
     return op.reshape(grid, [size[0], *spatial, len(spatial)])
 
 
+def col2im(bb, inputs, attrs, params) -> relax.Expr:
+    """Sum the column blocks back into the image: for every image position, the (kernel offset, block)
+    entries that land on it are gathered and added in kernel-offset order, as the reference accumulates; a
+    position with fewer contributions gathers an appended zero column for the rest."""
+    x = inputs[0]
+    image, kernel = (_values(v).astype(int).tolist() for v in inputs[1:3])
+    n_dims = len(image)
+    dil = attrs.get("dilations", [1] * n_dims)
+    pads = attrs.get("pads", [0] * 2 * n_dims)
+    strides = attrs.get("strides", [1] * n_dims)
+    blocks = [(image[d] + pads[d] + pads[d + n_dims] - dil[d] * (kernel[d] - 1) - 1) // strides[d] + 1
+              for d in range(n_dims)]
+    n, ck, length = shape(x)
+    k_total = int(np.prod(kernel))
+    sources: list[list[int]] = [[] for _ in range(int(np.prod(image)))]
+    for k, k_idx in enumerate(np.ndindex(*kernel)):
+        for b, b_idx in enumerate(np.ndindex(*blocks)):
+            pos = [b_idx[d] * strides[d] - pads[d] + k_idx[d] * dil[d] for d in range(n_dims)]
+            if all(0 <= pos[d] < image[d] for d in range(n_dims)):
+                sources[int(np.ravel_multi_index(pos, image))].append(k * length + b)
+    zero = k_total * length
+    width = max(1, max(map(len, sources)))
+    index = np.array([src + [zero] * (width - len(src)) for src in sources], np.int64)
+    c = ck // k_total
+    flat = op.reshape(x, [n, c, k_total * length])
+    flat = bb.normalize(op.concat([flat, relax.const(np.zeros((n, c, 1)), dtype_of(x))], axis=2))
+    total = op.take(flat, relax.const(index[:, 0], "int64"), axis=2)
+    for m in range(1, width):
+        total = op.add(total, op.take(flat, relax.const(index[:, m], "int64"), axis=2))
+    return op.reshape(bb.normalize(total), [n, c, *image])
+
+
 for _name, _conv in {"Pad": pad, "CenterCropPad": center_crop_pad, "Split": split, "OneHot": one_hot,
-                     "AffineGrid": affine_grid}.items():
+                     "AffineGrid": affine_grid, "Col2Im": col2im}.items():
     register_converter("", _name, _conv, override=True)
