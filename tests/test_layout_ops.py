@@ -101,3 +101,14 @@ def test_col2im(tmp_path, rng, image, kernel, dil, pads, strides):
     node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], dilations=dil, pads=pads, strides=strides)
     _check(tmp_path, node, {"x": x}, {"image": np.array(image, np.int64), "block": np.array(kernel, np.int64)},
            opset=18)
+
+
+@pytest.mark.parametrize("output_shape", [None, [2, 3, 7, 8]])
+def test_max_unpool(tmp_path, rng, output_shape):
+    """Distinct random flat indices into the inferred [2, 3, 6, 6]; ``output_shape`` pads it at the ends."""
+    x = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    idx = rng.permutation(2 * 3 * 6 * 6)[:x.size].reshape(x.shape).astype(np.int64)
+    node = helper.make_node("MaxUnpool", ["x", "i", "shape" if output_shape else ""], ["y"], kernel_shape=[2, 3],
+                            strides=[2, 2], pads=[0, 1, 0, 0])
+    consts = {"shape": np.array(output_shape, np.int64)} if output_shape else {}
+    _check(tmp_path, node, {"x": x, "i": idx}, consts, opset=11)

@@ -1,6 +1,7 @@
-"""Pad, CenterCropPad, Split, OneHot, AffineGrid and Col2Im from gathers, slices and comparisons: the
-upstream converters fail on forms the ONNX node tests use (Pad's run-time constant_value at opset 25,
-zero-size splits, OneHot's bound depth, AffineGrid's bound size; CenterCropPad and Col2Im have none). Shape-deciding inputs are
+"""Pad, CenterCropPad, Split, OneHot, AffineGrid, Col2Im and MaxUnpool from gathers, scatters, slices
+and comparisons: the upstream converters fail on forms the ONNX node tests use (Pad's run-time
+constant_value at opset 25, zero-size splits, OneHot's bound depth, AffineGrid's bound size, MaxUnpool's
+output_shape; CenterCropPad and Col2Im have none). Shape-deciding inputs are
 constants here (``support.CONSTANT_INPUTS``), so every index map is computed once in numpy and the graph
 only gathers and selects: exact for any dtype.
 """
@@ -169,6 +170,25 @@ def col2im(bb, inputs, attrs, params) -> relax.Expr:
     return op.reshape(bb.normalize(total), [n, c, *image])
 
 
+def max_unpool(bb, inputs, attrs, params) -> relax.Expr:
+    """Scatter X to its flat Indices in the inferred shape, then zero-pad at the end of each axis up to
+    ``output_shape`` when given (a constant): the reference's order."""
+    x, indices = inputs[:2]
+    dims, kernel = shape(x), attrs["kernel_shape"]
+    nk = len(kernel)
+    strides, pads = attrs.get("strides", [1] * nk), attrs.get("pads", [0] * 2 * nk)
+    inferred = dims[:2] + [(dims[d + 2] - 1) * strides[d] - pads[d] - pads[d + nk] + kernel[d] for d in range(nk)]
+    size = int(np.prod(inferred))
+    flat = op.scatter_elements(relax.const(np.zeros(size), dtype_of(x)), op.reshape(indices, [-1]),
+                               op.reshape(x, [-1]), axis=0)
+    y = bb.normalize(op.reshape(bb.normalize(flat), inferred))
+    if len(inputs) < 3 or inputs[2] is None:
+        return y
+    wanted = _values(inputs[2]).astype(int).tolist()
+    widths = {a: (0, wanted[a] - inferred[a]) for a in range(len(inferred))}
+    return _pad(bb, y, widths, "constant", relax.const(0, dtype_of(x)))
+
+
 for _name, _conv in {"Pad": pad, "CenterCropPad": center_crop_pad, "Split": split, "OneHot": one_hot,
-                     "AffineGrid": affine_grid, "Col2Im": col2im}.items():
+                     "AffineGrid": affine_grid, "Col2Im": col2im, "MaxUnpool": max_unpool}.items():
     register_converter("", _name, _conv, override=True)
