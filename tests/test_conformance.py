@@ -58,7 +58,7 @@ BOUND = {"test_reshape_reordered_all_dims": ["shape"], "test_top_k": ["k"], "tes
          "test_affine_grid_3d": ["size"], "test_reduce_max_bool_inputs": ["axes"],
          "test_affine_grid_2d_expanded": ["size"],  # a Split of the bound size folded
          "test_col2im_pads": ["block_shape", "image_shape"],
-         "test_maxunpool_export_with_output_shape": ["output_shape"],
+         "test_maxunpool_export_with_output_shape": ["output_shape"], "test_top_k_uint64": ["k"],
          # NonMaxSuppression with IoU == threshold kept, as ONNX says
          "test_nonmaxsuppression_iou_threshold_boundary":
              ["iou_threshold", "max_output_boxes_per_class", "score_threshold"]}

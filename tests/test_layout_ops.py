@@ -1,6 +1,6 @@
-"""Pad, CenterCropPad, Split, OneHot, AffineGrid and bool ReduceMax/ReduceMin (``compiler/frontend/
-converters_layout.py``, ``converters_nn.py``) against onnx's ReferenceEvaluator: odd shapes, fresh random
-inputs, the shape-deciding inputs as initializers."""
+"""Pad, CenterCropPad, Split, OneHot, AffineGrid, Col2Im, MaxUnpool, bool ReduceMax/ReduceMin and uint64
+TopK (``compiler/frontend/converters_layout.py``, ``converters_nn.py``, ``converters_ops.py``) against onnx's
+ReferenceEvaluator: odd shapes, fresh random inputs, the shape-deciding inputs as initializers."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from onnx.reference import ReferenceEvaluator
 from helpers import make_model, ort_run, save
 
 ELEM = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.int32): TP.INT32, np.dtype(np.bool_): TP.BOOL,
-        np.dtype(np.int64): TP.INT64}
+        np.dtype(np.int64): TP.INT64, np.dtype(np.uint64): TP.UINT64}
 
 
 def _check(tmp_path, node, feeds: dict[str, np.ndarray], consts: dict[str, np.ndarray], opset: int,
@@ -112,3 +112,12 @@ def test_max_unpool(tmp_path, rng, output_shape):
                             strides=[2, 2], pads=[0, 1, 0, 0])
     consts = {"shape": np.array(output_shape, np.int64)} if output_shape else {}
     _check(tmp_path, node, {"x": x, "i": idx}, consts, opset=11)
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+def test_top_k_uint64(tmp_path, rng, largest):
+    """Values on both sides of 2**63 (an int64 cast alone would misorder them)."""
+    x = rng.integers(0, 2**64 - 1, size=(3, 9), dtype=np.uint64, endpoint=True)
+    x[0, :3] = [5, 2**63, 2**63 - 1]
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)
+    _check(tmp_path, node, {"x": x}, {"k": np.array([4], np.int64)}, opset=11)

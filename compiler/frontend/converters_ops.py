@@ -266,6 +266,27 @@ class NonMaxSuppression:
         return run
 
 
+class TopK:
+    """Upstream's; uint64 (which TOPI does not sort) through an order-preserving int64 key, the bits with
+    the top one flipped, and the values gathered back from the input at the chosen indices."""
+
+    @staticmethod
+    def get_converter(opset: int):
+        convert = upstream._get_convert_map()["TopK"].get_converter(opset)
+
+        def run(bb, inputs, attrs, params):
+            x = inputs[0]
+            if dtype_of(x) != "uint64":
+                return convert(bb, inputs, attrs, params)
+            key = op.bitwise_xor(op.astype(x, "int64"), relax.const(np.iinfo(np.int64).min, "int64"))
+            found = bb.normalize(convert(bb, [bb.normalize(key), *inputs[1:]], attrs, params))
+            indices = bb.normalize(relax.TupleGetItem(found, 1))
+            axis = attrs.get("axis", -1) % rank(x)
+            return relax.Tuple([bb.normalize(op.gather_elements(x, indices, axis=axis)), indices])
+
+        return run
+
+
 # The cosine windows as sums of cos(2 pi k n / N') terms: op -> coefficient of each k (ONNX's definitions).
 _WINDOWS = {"HannWindow": (0.5, -0.5), "HammingWindow": (25 / 46, -21 / 46), "BlackmanWindow": (0.42, -0.5, 0.08)}
 
@@ -291,6 +312,6 @@ for _name, _conv in {
     "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
-    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, **{name: _window(c) for name, c in _WINDOWS.items()},
+    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, "TopK": TopK, **{name: _window(c) for name, c in _WINDOWS.items()},
 }.items():
     register_converter("", _name, _conv, override=True)
