@@ -121,3 +121,13 @@ def test_top_k_uint64(tmp_path, rng, largest):
     x[0, :3] = [5, 2**63, 2**63 - 1]
     node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)
     _check(tmp_path, node, {"x": x}, {"k": np.array([4], np.int64)}, opset=11)
+
+
+@pytest.mark.parametrize("onesided,parts,window", [(1, 1, True), (0, 1, False), (0, 2, True)])
+def test_stft(tmp_path, rng, onesided, parts, window):
+    """Frames of 12 every 5 samples of 71 (the tail dropped), a random window or none, real or complex."""
+    x = rng.standard_normal((2, 71, parts)).astype(np.float32)
+    feeds = {"x": x, **({"w": rng.random(12).astype(np.float32)} if window else {})}
+    node = helper.make_node("STFT", ["x", "step", "w" if window else "", "length"], ["y"], onesided=onesided)
+    consts = {"step": np.array(5, np.int64), "length": np.array(12, np.int64)}
+    _check(tmp_path, node, feeds, consts, opset=17)

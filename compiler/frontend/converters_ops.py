@@ -213,6 +213,24 @@ def dft(bb, inputs, attrs, params) -> relax.Expr:
     return op.concat(parts, axis=r - 1) if len(parts) > 1 else parts[0]
 
 
+def stft(bb, inputs, attrs, params) -> relax.Expr:
+    """Frames gathered at the constant frame_step (support.CONSTANT_INPUTS), weighted by the window (ones
+    if omitted), then ``dft`` along the frame (onesided by default): [batch, frames, bins, 2]."""
+    x, step = inputs[0], int(inputs[1].value.numpy().item())
+    window = inputs[2] if len(inputs) > 2 else None
+    if len(inputs) > 3 and inputs[3] is not None:
+        length = int(inputs[3].value.numpy().item())
+    else:
+        length = shape(window)[0] if window is not None else shape(x)[1]
+    batch, samples, parts = shape(x)
+    frames = 1 + (samples - length) // step
+    index = (np.arange(frames)[:, None] * step + np.arange(length)[None, :]).reshape(-1)
+    framed = op.reshape(op.take(x, relax.const(index, "int64"), axis=1), [batch, frames, length, parts])
+    if window is not None:
+        framed = op.multiply(framed, op.reshape(op.astype(window, dtype_of(x)), [1, 1, length, 1]))
+    return dft(bb, [bb.normalize(framed)], {"axis": 2, "onesided": attrs.get("onesided", 1)}, params)
+
+
 def binarizer(bb, inputs, attrs, params) -> relax.Expr:
     x = inputs[0]
     return op.astype(op.greater(x, const(attrs.get("threshold", 0.0), x)), dtype_of(x))
@@ -312,6 +330,6 @@ for _name, _conv in {
     "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
-    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, "TopK": TopK, **{name: _window(c) for name, c in _WINDOWS.items()},
+    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, "TopK": TopK, "STFT": stft, **{name: _window(c) for name, c in _WINDOWS.items()},
 }.items():
     register_converter("", _name, _conv, override=True)

@@ -136,7 +136,9 @@ CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CumSum": (1,), "AffineGrid": (1,),
     "CenterCropPad": (1,), "SplitToSequence": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2),
     "CumProd": (1,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
-    "NonMaxSuppression": (2, 3, 4),
+    "NonMaxSuppression": (2, 3, 4), "STFT": (1, 3),
+    # every input: bound, the whole op is a constant that the optimiser evaluates (there is no converter)
+    "MelWeightMatrix": (0, 1, 2, 3, 4),
 }
 
 # Uses of a value that never read its elements: only its shape and dtype, or (Dropout's ratio) nothing at
