@@ -330,6 +330,7 @@ for _name, _conv in {
     "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
     "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
-    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, "TopK": TopK, "STFT": stft, **{name: _window(c) for name, c in _WINDOWS.items()},
+    "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, "TopK": TopK, "STFT": stft,
+    **{name: _window(c) for name, c in _WINDOWS.items()},
 }.items():
     register_converter("", _name, _conv, override=True)
