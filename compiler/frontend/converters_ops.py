@@ -83,6 +83,35 @@ class ConvInteger:
         return convert
 
 
+class QLinearConv:
+    """``ConvInteger`` of the centred operands plus the int32 bias, rescaled in float64 by
+    x_scale * w_scale / y_scale (per output channel when w_scale is), shifted by y_zero_point, clipped and
+    rounded half to even into y's type, as the ONNX reference."""
+
+    @staticmethod
+    def get_converter(opset: int):
+        conv = ConvInteger.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = inputs[:8]
+            bias = inputs[8] if len(inputs) > 8 else None
+            acc = bb.normalize(conv(bb, [x, w, x_zp, w_zp], attrs, params))
+            channels = [1, shape(w)[0]] + [1] * (rank(w) - 2)
+            if bias is not None:
+                acc = bb.normalize(op.add(acc, op.reshape(bias, channels)))
+            if rank(w_scale) == 1 and shape(w_scale)[0] > 1:
+                w_scale = op.reshape(w_scale, channels)
+            scale = op.astype(op.divide(op.multiply(x_scale, w_scale), y_scale), "float64")
+            y = op.multiply(op.astype(acc, "float64"), scale)
+            out_dtype = dtype_of(y_zp) if y_zp is not None else dtype_of(x)
+            if y_zp is not None:
+                y = op.add(y, op.astype(y_zp, "float64"))
+            info = np.iinfo(out_dtype)
+            return op.astype(_rint(bb, op.clip(y, float(info.min), float(info.max))), out_dtype)
+
+        return convert
+
+
 def reverse_sequence(bb, inputs, attrs, params) -> relax.Expr:
     """Gather along the time axis from t -> len[b] - 1 - t for t < len[b] (the rest stays in place)."""
     x, lens = inputs
@@ -329,7 +358,7 @@ register_converter("ai.onnx.ml", "ArrayFeatureExtractor", array_feature_extracto
 for _name, _conv in {
     "CausalConvWithState": causal_conv_with_state, "TensorScatter": tensor_scatter, "DFT": dft, "Trilu": trilu,
     "SwiGLU": swiglu, "BitCast": bitcast, "EyeLike": eye_like, "QLinearMatMul": qlinear_matmul,
-    "ConvInteger": ConvInteger, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
+    "ConvInteger": ConvInteger, "QLinearConv": QLinearConv, "ReverseSequence": reverse_sequence, "RotaryEmbedding": rotary_embedding,
     "CumProd": cum_prod, "NonMaxSuppression": NonMaxSuppression, "TopK": TopK, "STFT": stft,
     **{name: _window(c) for name, c in _WINDOWS.items()},
 }.items():
