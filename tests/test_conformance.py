@@ -52,13 +52,15 @@ BOUND = {"test_reshape_reordered_all_dims": ["shape"], "test_top_k": ["k"], "tes
          "test_resize_downsample_scales_linear": ["scales"],
          "test_resize_tf_crop_and_resize_axes_3_2": ["roi", "sizes"], "test_upsample_nearest": ["scales"],
          "test_resize_downsample_sizes_nearest_not_larger": ["sizes"],
-         # Pad, CenterCropPad, Split, OneHot, AffineGrid, bool ReduceMax
+         # Pad, CenterCropPad, Split, OneHot, AffineGrid, bool ReduceMax, Col2Im, MaxUnpool, uint64 TopK
          "test_constant_pad_axes": ["axes", "pads"], "test_center_crop_pad_crop_and_pad": ["shape"],
          "test_split_zero_size_splits_opset18": ["split"], "test_onehot_with_axis": ["depth"],
          "test_affine_grid_3d": ["size"], "test_reduce_max_bool_inputs": ["axes"],
          "test_affine_grid_2d_expanded": ["size"],  # a Split of the bound size folded
          "test_col2im_pads": ["block_shape", "image_shape"],
          "test_maxunpool_export_with_output_shape": ["output_shape"], "test_top_k_uint64": ["k"],
+         "test_loop11": ["cond", "trip_count"],  # Loop unrolled
+         "test_range_float_type_positive_delta_expanded": ["delta", "limit", "start"],
          "test_stft_with_window": ["frame_step"],  # MelWeightMatrix: all inputs bound, folded to a constant
          "test_melweightmatrix": ["dft_length", "lower_edge_hertz", "num_mel_bins", "sample_rate", "upper_edge_hertz"],
          # NonMaxSuppression with IoU == threshold kept, as ONNX says

@@ -1,6 +1,7 @@
-"""Scan unrolled before import (``compiler/frontend/unroll.py``) against onnxruntime: two states, scan inputs
-along different axes and directions, scan outputs stacked along different axes and directions, an outer-scope
-value read by the body; and a Scan that cannot be unrolled is refused with the reason."""
+"""Scan and Loop unrolled, and function ops expanded, before import (``compiler/frontend/unroll.py``) against
+onnxruntime / the reference: two states, scan inputs along different axes and directions, scan outputs
+stacked along different axes and directions, an outer-scope value read by the body, a Loop's iteration
+number; a Scan or Loop that cannot be unrolled is refused with the reason."""
 
 import numpy as np
 from onnx import TensorProto as TP
@@ -78,3 +79,42 @@ def test_function_op_expanded_matches_reference(tmp_path, rng):
     got = load(tmp_path / "m.tvmpkg")(**feeds)
     for name, ref in zip(("y", "state"), ReferenceEvaluator(model).run(None, feeds)):
         np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _loop_model(cond_body: str) -> object:
+    """y += x[i] * i for i < trip count (a constant 5); the per-step sums stacked. ``cond_body``: 'pass' hands
+    the condition on, 'compute' computes it (the loop may stop early)."""
+    cond_node = (helper.make_node("Identity", ["c_in"], ["c_out"]) if cond_body == "pass" else
+                 helper.make_node("Less", ["i_f", "lim"], ["c_out"]))
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["i_f"], to=TP.FLOAT),
+         helper.make_node("Gather", ["x", "i"], ["x_i"], axis=0),
+         helper.make_node("Mul", ["x_i", "i_f"], ["term"]),
+         helper.make_node("Add", ["y_in", "term"], ["y_out"]),
+         helper.make_node("Identity", ["y_out"], ["y_step"]), cond_node],
+        "body",
+        [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("c_in", TP.BOOL, []),
+         helper.make_tensor_value_info("y_in", TP.FLOAT, [3])],
+        [helper.make_tensor_value_info("c_out", TP.BOOL, []), helper.make_tensor_value_info("y_out", TP.FLOAT, [3]),
+         helper.make_tensor_value_info("y_step", TP.FLOAT, [3])],
+    )
+    loop = helper.make_node("Loop", ["n", "c", "y0"], ["y", "steps"], body=body)
+    return make_model([loop], [("x", TP.FLOAT, [6, 3]), ("y0", TP.FLOAT, [3])],
+                      [("y", TP.FLOAT, [3]), ("steps", TP.FLOAT, [5, 3])],
+                      {"n": np.array(5, np.int64), "c": np.array(True), "lim": np.array(2.5, np.float32)}, opset=13)
+
+
+def test_loop_unrolled_matches_onnxruntime(tmp_path, rng):
+    from compiler import compile_model, load
+
+    src = save(_loop_model("pass"), tmp_path / "m.onnx")
+    feeds = {"x": rng.standard_normal((6, 3)).astype(np.float32), "y0": rng.standard_normal(3).astype(np.float32)}
+    compile_model(src, "cpu", tmp_path / "m.tvmpkg")
+    got, want = load(tmp_path / "m.tvmpkg")(**feeds), ort_run(src, feeds)
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_loop_that_may_stop_early_refused(capsys, tmp_path):
+    r = run_cli(capsys, "compile", save(_loop_model("compute"), tmp_path / "m.onnx"), "-t", "cpu")
+    assert r.code == 2 and "Loop" in r.err and "condition that its body passes on" in r.err, r.err

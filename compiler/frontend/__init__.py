@@ -2,7 +2,7 @@
 
 ``load(path, shapes, bind)`` is the one entry point: read + validate the file, freeze the inputs given a
 value (``--bind-input``) into initializers, bind the given static shapes, expand ops with no converter but
-an ONNX function body, clean the graph (onnxscript, Scans unrolled), refuse every node we cannot compile
+an ONNX function body, clean the graph (onnxscript, Scans and Loops unrolled), refuse every node we cannot compile
 exactly (all at once), then import.
 """
 

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from ..errors import TvmpipeError
 from ..package import array_digest
 from .support import Unsupported
-from .unroll import unroll_scans
+from .unroll import unroll_loops
 
 
 @dataclass(frozen=True)
@@ -354,13 +354,13 @@ def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def clean(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference + constant folding + If/function inlining with onnxscript's optimiser; Scans of static
-    length unrolled (``unroll``), then optimised again."""
+    """Shape inference + constant folding + If/function inlining with onnxscript's optimiser; Scans and Loops
+    of static length unrolled (``unroll``), then optimised again."""
     _normalize_constants(model.graph)
     # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
     del model.graph.value_info[:]
     model = _optimized(model)
-    if unroll_scans(model):
+    if unroll_loops(model):
         model = _optimized(model)
     _normalize_constants(model.graph)  # the optimiser writes folded values in other Constant forms
     return model

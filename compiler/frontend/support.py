@@ -121,6 +121,8 @@ REFUSALS: dict[str, Refusal] = {
 NO_CONVERTER_NOTES = {
     "Scan": " (Scan is unrolled before import only at opset 9+, with a static non-zero length and no subgraph "
             "in its body)",
+    "Loop": " (Loop is unrolled before import only with a constant non-zero trip count, a constant true "
+            "condition that its body passes on unchanged, and no subgraph in its body)",
 }
 
 
@@ -136,7 +138,7 @@ CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "CumSum": (1,), "AffineGrid": (1,),
     "CenterCropPad": (1,), "SplitToSequence": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2),
     "CumProd": (1,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
-    "NonMaxSuppression": (2, 3, 4), "STFT": (1, 3),
+    "NonMaxSuppression": (2, 3, 4), "STFT": (1, 3), "Loop": (0, 1),
     # every input: bound, the whole op is a constant that the optimiser evaluates (there is no converter)
     "MelWeightMatrix": (0, 1, 2, 3, 4),
 }

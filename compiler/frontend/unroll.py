@@ -1,14 +1,14 @@
 """Rewrites into plain ONNX before import: ops with no converter but an ONNX function body are expanded
-(``expand_functions``), and Scans are unrolled (``unroll_scans``).
+(``expand_functions``), and Scans and Loops are unrolled (``unroll_loops``).
 
-Scan (opset 9+) is unrolled into plain ONNX nodes: tvmpipe compiles static shapes, so a scan's
-length is known and its body can be repeated that many times, each copy reading the previous copy's state.
-
-Each iteration t slices element t (from the end for a reverse direction) of every scan input with a Gather
-at a constant index, feeds the body's inputs through Identity nodes, and the per-iteration scan outputs are
-unsqueezed and concatenated along their output axis. The result is ordinary ONNX that the optimiser folds
-and the importer converts. A scan whose length is not static, of length 0, with subgraphs in its body, or of
-opset 8 (batched, with sequence_lens) is left as it is (and refused by ``support.check``).
+tvmpipe compiles static shapes, so a Scan's length is known, and a Loop's trip count often is (a constant,
+or bound with --bind-input): the body is repeated that many times, each copy reading the previous copy's
+state through Identity nodes. A Scan's copy t reads element t (from the end for a reverse direction) of every
+scan input through a Gather at a constant index; a Loop's copy reads its iteration number as a constant; the
+per-iteration outputs are unsqueezed and concatenated along their output axis. The result is ordinary ONNX
+that the optimiser folds and the importer converts. What cannot be unrolled this way (a length that is not
+static or is 0, subgraphs in the body, Scan opset 8 with its batch axis, a Loop whose condition may stop
+it early) is left as it is, and refused by ``support.check``.
 """
 
 from __future__ import annotations
@@ -107,25 +107,93 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
     return default if a is None else helper.get_attribute_value(a)
 
 
-def unrollable(node: onnx.NodeProto, shapes: dict, opset: int) -> int | None:
-    """The scan length if ``node`` can be unrolled, else None."""
-    if node.op_type != "Scan" or node.domain not in ONNX_DOMAINS or opset < 9:
-        return None
-    body = _attr(node, "body")
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in body.node for a in n.attribute):
+def _no_subgraphs(body: onnx.GraphProto) -> bool:
+    return not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for n in body.node for a in n.attribute)
+
+
+def _scan_length(node: onnx.NodeProto, shapes: dict, opset: int) -> int | None:
+    """The scan length if this Scan can be unrolled, else None."""
+    if opset < 9 or not _no_subgraphs(_attr(node, "body")):
         return None
     m = _attr(node, "num_scan_inputs")
-    first = node.input[len(node.input) - m]
     axes = _attr(node, "scan_input_axes", [0] * m)
-    dims = shapes.get(first)
+    dims = shapes.get(node.input[len(node.input) - m])
     if not dims or dims[axes[0] % len(dims)] in (None, 0):
         return None
     return dims[axes[0] % len(dims)]
 
 
-def _unroll(node: onnx.NodeProto, length: int, opset: int,
-            uid: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """The nodes (and initializers) computing ``node``'s outputs by ``length`` copies of its body."""
+def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    init = next((t for t in graph.initializer if t.name == name), None)
+    return None if init is None else numpy_helper.to_array(init)
+
+
+def _loop_length(node: onnx.NodeProto, graph: onnx.GraphProto) -> int | None:
+    """The trip count if this Loop runs exactly that many times: a constant count, a constant true (or no)
+    condition, and a body that passes the condition through unchanged; else None."""
+    body = _attr(node, "body")
+    if not node.input[0] or not _no_subgraphs(body):
+        return None
+    count = _constant(graph, node.input[0])
+    cond = _constant(graph, node.input[1]) if len(node.input) > 1 and node.input[1] else np.array(True)
+    if count is None or cond is None or not bool(cond) or int(count) <= 0:
+        return None
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    passed = cond_out == cond_in or any(n.op_type == "Identity" and list(n.input) == [cond_in] and
+                                        list(n.output) == [cond_out] for n in body.node)
+    return int(count) if passed else None
+
+
+class _Unroller:
+    """Copies of a loop body, each reading the previous copy's state: nodes and initializers to add."""
+
+    def __init__(self, body: onnx.GraphProto, opset: int, uid: str):
+        self.body, self.opset, self.uid = body, opset, uid
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.local = {vi.name for vi in body.input} | {t.name for t in body.initializer}
+        self.local |= {o for n in body.node for o in n.output if o}
+
+    def const(self, name: str, value, dtype=np.int64) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def copy(self, t: int, inputs: dict[str, str]) -> dict[str, str]:
+        """Copy ``t`` of the body with its inputs read from ``inputs`` (body input -> outer value); returns
+        the renaming of the body's values in it."""
+        prefix = f"{self.uid}_t{t}_"
+        rename = {name: prefix + name for name in self.local}
+        self.nodes += [helper.make_node("Identity", [src], [rename[name]]) for name, src in inputs.items()]
+        for init in self.body.initializer:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(init)
+            copy.name = rename[init.name]
+            self.inits.append(copy)
+        for n in self.body.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = prefix + n.name
+            copy.input[:] = [rename.get(i, i) if i else i for i in n.input]
+            copy.output[:] = [rename.get(o, o) if o else o for o in n.output]
+            self.nodes.append(copy)
+        return rename
+
+    def stack(self, parts: list[str], axis: int, out: str) -> None:
+        """``out`` = the per-step values ``parts`` stacked along a new ``axis``."""
+        names = []
+        for k, part in enumerate(parts):
+            name = f"{out}_{self.uid}_step{k}"
+            if self.opset >= 13:
+                axes = self.const(f"{name}_axes", [axis])
+                self.nodes.append(helper.make_node("Unsqueeze", [part, axes], [name]))
+            else:
+                self.nodes.append(helper.make_node("Unsqueeze", [part], [name], axes=[axis]))
+            names.append(name)
+        self.nodes.append(helper.make_node("Concat", names, [out], axis=axis))
+
+
+def _unroll_scan(node: onnx.NodeProto, length: int, opset: int, uid: str) -> _Unroller:
     body = _attr(node, "body")
     m = _attr(node, "num_scan_inputs")
     n_state = len(node.input) - m
@@ -134,70 +202,68 @@ def _unroll(node: onnx.NodeProto, length: int, opset: int,
     k_out = len(body.output) - n_state
     out_axes = _attr(node, "scan_output_axes", [0] * k_out)
     out_rev = _attr(node, "scan_output_directions", [0] * k_out)
-    nodes, inits = [], []
+    u = _Unroller(body, opset, uid)
     state = list(node.input[:n_state])
-    per_step: list[list[str]] = [[] for _ in range(k_out)]
-    local = {vi.name for vi in body.input} | {t.name for t in body.initializer}
-    local |= {o for n in body.node for o in n.output if o}
-
-    def index_const(name: str, value: int, shape: list[int]) -> str:
-        inits.append(numpy_helper.from_array(np.array(value, np.int64).reshape(shape), name))
-        return name
-
+    steps: list[list[str]] = [[] for _ in range(k_out)]
     for t in range(length):
-        prefix = f"{uid}_t{t}_"
-        rename = {name: prefix + name for name in local}
-        for vi, src in zip(body.input[:n_state], state):
-            nodes.append(helper.make_node("Identity", [src], [rename[vi.name]]))
-        for j, vi in enumerate(body.input[n_state:]):
-            step = length - 1 - t if in_rev[j] else t
-            idx = index_const(f"{prefix}index{j}", step, [])
-            nodes.append(helper.make_node("Gather", [node.input[n_state + j], idx], [rename[vi.name]], axis=in_axes[j]))
-        for init in body.initializer:
-            copy = onnx.TensorProto()
-            copy.CopyFrom(init)
-            copy.name = rename[init.name]
-            inits.append(copy)
-        for n in body.node:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(n)
-            copy.name = prefix + n.name
-            copy.input[:] = [rename.get(i, i) if i else i for i in n.input]
-            copy.output[:] = [rename.get(o, o) if o else o for o in n.output]
-            nodes.append(copy)
+        inputs = {vi.name: src for vi, src in zip(body.input[:n_state], state)}
+        for j, vi in enumerate(body.input[n_state:]):  # element t (from the end if reversed) of each scan input
+            idx = u.const(f"{uid}_t{t}_index{j}", length - 1 - t if in_rev[j] else t)
+            element = f"{uid}_t{t}_element{j}"
+            u.nodes.append(helper.make_node("Gather", [node.input[n_state + j], idx], [element], axis=in_axes[j]))
+            inputs[vi.name] = element
+        rename = u.copy(t, inputs)
         state = [rename.get(vi.name, vi.name) for vi in body.output[:n_state]]
         for k, vi in enumerate(body.output[n_state:]):
-            name = f"{prefix}scan_out{k}"
-            if opset >= 13:
-                nodes.append(helper.make_node("Unsqueeze", [rename.get(vi.name, vi.name),
-                                                            index_const(f"{prefix}axes{k}", out_axes[k], [1])], [name]))
-            else:
-                nodes.append(helper.make_node("Unsqueeze", [rename.get(vi.name, vi.name)], [name], axes=[out_axes[k]]))
-            per_step[k].append(name)
-    for out, src in zip(node.output[:n_state], state):
-        if out:
-            nodes.append(helper.make_node("Identity", [src], [out]))
+            steps[k].append(rename.get(vi.name, vi.name))
+    u.nodes += [helper.make_node("Identity", [src], [out]) for out, src in zip(node.output[:n_state], state) if out]
     for k, out in enumerate(node.output[n_state:]):
         if out:
-            parts = per_step[k][::-1] if out_rev[k] else per_step[k]
-            nodes.append(helper.make_node("Concat", parts, [out], axis=out_axes[k]))
-    return nodes, inits
+            u.stack(steps[k][::-1] if out_rev[k] else steps[k], out_axes[k], out)
+    return u
 
 
-def unroll_scans(model: onnx.ModelProto) -> bool:
-    """Unroll every top-level Scan of static length in place; True if any was."""
-    if not any(n.op_type == "Scan" for n in model.graph.node):
+def _unroll_loop(node: onnx.NodeProto, length: int, opset: int, uid: str) -> _Unroller:
+    body = _attr(node, "body")
+    n_carried = len(node.input) - 2
+    u = _Unroller(body, opset, uid)
+    cond = node.input[1] if len(node.input) > 1 and node.input[1] else u.const(f"{uid}_true", True, np.bool_)
+    state = [cond, *node.input[2:]]  # the condition stays true: _loop_length checked the body passes it on
+    steps: list[list[str]] = [[] for _ in range(len(body.output) - 1 - n_carried)]
+    for t in range(length):
+        inputs = {body.input[0].name: u.const(f"{uid}_t{t}_iteration", t)}
+        inputs.update({vi.name: src for vi, src in zip(body.input[1:], state)})
+        rename = u.copy(t, inputs)
+        state = [rename.get(vi.name, vi.name) for vi in body.output[:1 + n_carried]]
+        for k, vi in enumerate(body.output[1 + n_carried:]):
+            steps[k].append(rename.get(vi.name, vi.name))
+    finals = zip(node.output[:n_carried], state[1:])
+    u.nodes += [helper.make_node("Identity", [src], [out]) for out, src in finals if out]
+    for k, out in enumerate(node.output[n_carried:]):
+        if out:
+            u.stack(steps[k], 0, out)
+    return u
+
+
+def unroll_loops(model: onnx.ModelProto) -> bool:
+    """Unroll, in place, every top-level Scan of static length and every Loop with a constant trip count that
+    its condition cannot cut short; True if any was."""
+    if not any(n.op_type in ("Scan", "Loop") and n.domain in ONNX_DOMAINS for n in model.graph.node):
         return False
     opset, shapes = opset_of(model, ""), _shapes(model)
     new_nodes, changed = [], False
     for k, node in enumerate(model.graph.node):
-        length = unrollable(node, shapes, opset)
+        length = None
+        if node.domain in ONNX_DOMAINS and node.op_type == "Scan":
+            length = _scan_length(node, shapes, opset)
+        elif node.domain in ONNX_DOMAINS and node.op_type == "Loop":
+            length = _loop_length(node, model.graph)
         if length is None:
             new_nodes.append(node)
             continue
-        nodes, inits = _unroll(node, length, opset, f"scan{k}")
-        new_nodes.extend(nodes)
-        model.graph.initializer.extend(inits)
+        unrolled = (_unroll_scan if node.op_type == "Scan" else _unroll_loop)(node, length, opset, f"loop{k}")
+        new_nodes.extend(unrolled.nodes)
+        model.graph.initializer.extend(unrolled.inits)
         changed = True
     del model.graph.node[:]
     model.graph.node.extend(new_nodes)
