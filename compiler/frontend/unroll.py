@@ -27,19 +27,13 @@ _RANDOM = {"Bernoulli"}
 _LOCAL = "tvmpipe.expanded"  # the domain of the per-node function copies
 
 
-def _function(node: onnx.NodeProto, model: onnx.ModelProto,
-              types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
+def _function(node: onnx.NodeProto, schema, types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
     """The ONNX function body of ``node``'s op for this node (a context-dependent body sees its input types;
     an omitted optional input has none), or None if the op has none."""
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opset_of(model, node.domain), node.domain)
-    except onnx.defs.SchemaError:
-        return None
     fn = onnx.FunctionProto()
     if schema.has_function:
         fn.CopyFrom(schema.function_body)
     elif schema.has_context_dependent_function:
-        node = _with_defaults(node, schema)
         fn.ParseFromString(schema.get_context_dependent_function(
             node.SerializeToString(), [types.get(i, onnx.TypeProto()).SerializeToString() for i in node.input]))
     else:
@@ -47,13 +41,11 @@ def _function(node: onnx.NodeProto, model: onnx.ModelProto,
     return fn
 
 
-def _with_defaults(node: onnx.NodeProto, schema) -> onnx.NodeProto:
-    """``node`` with the schema's default value written for every attribute it leaves out."""
-    node = onnx.NodeProto.FromString(node.SerializeToString())
+def _with_defaults(node: onnx.NodeProto, schema) -> None:
+    """Write the schema's default value for every attribute ``node`` leaves out (the bodies refer to them)."""
     given = {a.name for a in node.attribute}
     node.attribute.extend(a.default_value for name, a in schema.attributes.items()
                           if name not in given and a.default_value.name)
-    return node
 
 
 def expand_functions(model: onnx.ModelProto, is_supported: Callable[[str, str], bool]) -> onnx.ModelProto:
@@ -73,11 +65,14 @@ def expand_functions(model: onnx.ModelProto, is_supported: Callable[[str, str], 
         types = {vi.name: vi.type for vi in [*g.input, *g.value_info, *g.output]}
         found = False
         for k, node in enumerate(filter(wanted, g.node)):
-            fn = _function(node, typed, types)
+            try:
+                schema = onnx.defs.get_schema(node.op_type, opset_of(typed, node.domain), node.domain)
+            except onnx.defs.SchemaError:
+                continue
+            _with_defaults(node, schema)
+            fn = _function(node, schema, types)
             if fn is None:
                 continue
-            node.CopyFrom(_with_defaults(node, onnx.defs.get_schema(node.op_type, opset_of(typed, node.domain),
-                                                                    node.domain)))
             fn.name, fn.domain = f"{node.op_type}_{k}", _LOCAL
             node.op_type, node.domain = fn.name, _LOCAL
             typed.functions.append(fn)
