@@ -263,3 +263,19 @@ def test_onnx_attention_softcap_refused(capsys, tmp_path):
     model = onnx_attention([1, 2, 3, 4], ([1, 2, 3, 4], [1, 2, 3, 4]), softcap=30.0)
     r = run_cli(capsys, "compile", save(model, tmp_path / "m.onnx"), "--target", "cpu", "-o", tmp_path / "m.tvmpkg")
     assert r.code == 2 and "Attention" in r.err and "softcap" in r.err, r.err
+
+
+@pytest.mark.parametrize("exponent,ops", [(3.0, ["multiply", "multiply"]), (2.0, ["multiply"]), (2.5, ["power"])])
+def test_small_constant_powers_are_products(capsys, tmp_path, rng, exponent, ops):
+    """pow(x, 3) (GPT-2's GELU) and pow(x, 2) become multiplies: right for x < 0, where CUDA's fast-math powf
+    gave NaN; other exponents stay pow (NaN for x < 0 as ONNX says)."""
+    g = blocks.Graph()
+    y = g.n("Pow", [g.input("x", [5, 33]), g.c(np.array(exponent, np.float32))])
+    model = g.model([y])
+    inputs = {"x": np.concatenate([rng.standard_normal((5, 30)), [[-np.inf, np.nan, -0.0]] * 5], axis=1).astype(np.float32)}
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    (name,) = ref
+    np.testing.assert_allclose(ours[name], ref[name], rtol=1e-6, equal_nan=True)
+    np.testing.assert_array_equal(np.signbit(ours[name]), np.signbit(ref[name]))
+    (k,) = kernels(capsys, tmp_path / "model.onnx")
+    assert k["ops"] == _ops(*ops)
