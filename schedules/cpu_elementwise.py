@@ -1,8 +1,9 @@
-"""CPU elementwise / layout kernels (GELU-tanh chains, reshapes, transposes): one parallel, vectorised loop.
+"""CPU elementwise / layout kernels (GELU-tanh chains, reshapes, transposes, splits): parallel vector loops.
 
 Unscheduled, TVM runs them as one scalar thread; GPT-2's tanh-GELU alone took a tenth of the model.
-Every block is inlined into the last one, whose loops are fused, split into vectors (the widest vector
-that divides the element count, so there is no tail) and spread over the cores.
+Every block is inlined into the blocks that write the kernel's outputs (one, or one per Split output);
+each of those gets its loops fused, split into vectors (the widest vector that divides the element count,
+so there is no tail) and spread over the cores.
 """
 
 from __future__ import annotations
@@ -38,27 +39,40 @@ class CpuElementwise(ScheduleRule):
         blocks = sch.get_child_blocks(get_root_block(sch))
         if not blocks or len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
             return None
+        outputs = list(func.params)  # the buffers of the kernel's arguments
+        loop_nests = []  # the blocks that write an output (a Split writes several); the rest is inlined
         for block in blocks[:-1]:
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:
+                if not any(sch.get(block).writes[0].source.same_as(out) for out in outputs):
+                    return None
+                loop_nests.append(block)
+        vectorize = not _calls(func, NO_VECTOR_LOWERING)
+        for block in [*loop_nests, blocks[-1]]:
+            if not _parallel_vectors(sch, block, vector_shape(target, "float32")[0], vectorize):
                 return None
-        loops = sch.get_loops(blocks[-1])
-        extents = [sch.get(loop).extent for loop in loops]
-        if not loops or not all(isinstance(e, tirx.IntImm) for e in extents):
-            return None
-        size = 1
-        for e in extents:
-            size *= int(e)
-        if size == 0:
-            return None
-        lanes = largest_divisor(size, (vector_shape(target, "float32")[0], 8, 4, 2, 1))
-        outer, inner = sch.split(sch.fuse(*loops), [None, lanes])
-        if size >= PARALLEL_MIN:
-            sch.parallel(outer)
-        if not _calls(func, NO_VECTOR_LOWERING):
-            sch.vectorize(inner)
         return sch
+
+
+def _parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) -> bool:
+    """One loop over the block's elements, split into vectors (the widest that divides the count, so no
+    tail) spread over the cores; False if its extents are not static or it has no elements."""
+    loops = sch.get_loops(block)
+    extents = [sch.get(loop).extent for loop in loops]
+    if not loops or not all(isinstance(e, tirx.IntImm) for e in extents):
+        return False
+    size = 1
+    for e in extents:
+        size *= int(e)
+    if size == 0:
+        return False
+    outer, inner = sch.split(sch.fuse(*loops), [None, largest_divisor(size, (widest, 8, 4, 2, 1))])
+    if size >= PARALLEL_MIN:
+        sch.parallel(outer)
+    if vectorize:
+        sch.vectorize(inner)
+    return True
 
 
 def _gathers(func: tirx.PrimFunc) -> bool:

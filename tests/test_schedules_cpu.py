@@ -170,3 +170,17 @@ def test_rms_norm(capsys, tmp_path, rng):
     ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * g
     assert rel_err(ours["y"], ref) < 1e-5
     assert "hand:CpuRowReduction" in _kernels(tmp_path).values() and "default" not in _kernels(tmp_path).values()
+
+
+def test_split_outputs_each_get_a_vector_loop(capsys, tmp_path, rng):
+    """GPT-2's qkv Split (after a Reshape): one kernel writing three outputs; each output its own parallel
+    vector loop (the rule used to give up on kernels with several outputs: one scalar thread)."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("Split", ["r", "sizes"], ["a", "b", "c"], axis=-1)]
+    model = make_model(nodes, [("x", F, [37, 3 * 80])], [(n, F, [1, 37, w]) for n, w in zip("abc", (80, 96, 64))],
+                       {"shape": np.array([1, 37, 240], np.int64), "sizes": np.array([80, 96, 64], np.int64)}, opset=18)
+    x = rng.standard_normal((37, 240)).astype(np.float32)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    for name in "abc":
+        np.testing.assert_array_equal(ours[name], ref[name])
+    assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
