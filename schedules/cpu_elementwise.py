@@ -9,13 +9,12 @@ so there is no tail) and spread over the cores.
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import largest_divisor, vector_shape
+from .common import any_node, largest_divisor, vector_shape
 
 
 PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs more than it saves
@@ -78,9 +77,9 @@ def _parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) 
 def _gathers(func: tirx.PrimFunc) -> bool:
     """Whether an address is read from memory (take, gather, scatter, unpooling): the rule assumes one output
     written element by element, which scatters are not (ONNX test_scatter_elements_*, test_maxunpool_* broke it)."""
-    loaded = lambda index: _any(index, tvm.ir.expr.TensorLoad, lambda _: True)  # noqa: E731
+    loaded = lambda index: any_node(index, tvm.ir.expr.TensorLoad, lambda _: True)  # noqa: E731
     data_dependent = lambda access: any(loaded(i) for i in access.indices)  # noqa: E731
-    return _any(func.body, tvm.ir.expr.TensorLoad, data_dependent) or _any(func.body, tirx.BufferStore, data_dependent)
+    return any_node(func.body, tvm.ir.expr.TensorLoad, data_dependent) or any_node(func.body, tirx.BufferStore, data_dependent)
 
 
 # Intrinsics that TVM 0.27's LLVM codegen lowers only as scalars (a vectorised cosh fails to build).
@@ -89,16 +88,4 @@ NO_VECTOR_LOWERING = {"cosh", "sinh"}
 
 def _calls(func: tirx.PrimFunc, ops: set[str]) -> bool:
     """Whether ``func`` calls one of ``ops`` (names without their namespace: "tirx.cosh", "prim.if_then_else")."""
-    return _any(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)
-
-
-def _any(node, kind: type, pred) -> bool:
-    """Whether a ``kind`` node under ``node`` satisfies ``pred``."""
-    found = False
-
-    def visit(n) -> None:
-        nonlocal found
-        found = found or bool(pred(n))
-
-    tvm_ffi.structural_walk(node, [(kind, visit)], order="post")
-    return found
+    return any_node(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)

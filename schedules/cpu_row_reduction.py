@@ -15,7 +15,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import largest_divisor, vector_shape
+from .common import any_node, largest_divisor, vector_shape
 
 MIN_COLS = 32  # shorter rows: the vector partial sums and their final add do not pay
 
@@ -31,6 +31,8 @@ class CpuRowReduction(ScheduleRule):
             return None
         n_rows, cols = found
         dtype = str(sch.get(blocks[-1]).writes[0].source.dtype)
+        if dtype not in ("float32", "float16"):
+            return None
         lanes = largest_divisor(cols, (vector_shape(target, dtype)[0], 8, 4))
         if lanes is None or cols < MIN_COLS:
             return None
@@ -74,7 +76,10 @@ def _rows_and_cols(sch: s_tir.Schedule, blocks: list) -> tuple[int, int] | None:
         kinds = [iv.iter_type for iv in ivs]
         if any(k != tirx.IterVar.DataPar for k in kinds[:-1]) or kinds[-1] not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
             return None
-        shapes.append(([int(iv.dom.extent) for iv in ivs], kinds[-1] == tirx.IterVar.CommReduce))
+        reduces = kinds[-1] == tirx.IterVar.CommReduce
+        if reduces and not _reads_along_last_axis(sch.get(block)):
+            return None  # a matmul (B[k, j]): the GEMM rule's, or strided reads that vectors would not help
+        shapes.append(([int(iv.dom.extent) for iv in ivs], reduces))
     squeeze = lambda extents: [e for e in extents if e != 1]  # noqa: E731
     reductions = [(squeeze(extents[:-1]), extents[-1]) for extents, reduces in shapes if reduces]
     if not reductions or any(r != reductions[0] for r in reductions):
@@ -89,3 +94,14 @@ def _rows_and_cols(sch: s_tir.Schedule, blocks: list) -> tuple[int, int] | None:
     if reduces:
         return None
     return (len(last) - 1 if last[-1] == cols and squeeze(last[:-1]) == rows else len(last)), cols
+
+
+def _reads_along_last_axis(block: tirx.Block) -> bool:
+    """Whether every buffer the reduction reads with its reduced variable is indexed by it in the last
+    dimension only, i.e. the reduction walks rows of contiguous memory."""
+    k = block.iter_vars[-1].var
+    for region in block.reads:
+        dims = [any_node(r.min, tirx.Var, k.same_as) for r in region.region]
+        if any(dims) and (not dims[-1] or any(dims[:-1])):
+            return False
+    return True

@@ -184,3 +184,23 @@ def test_split_outputs_each_get_a_vector_loop(capsys, tmp_path, rng):
     for name in "abc":
         np.testing.assert_array_equal(ours[name], ref[name])
     assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
+
+
+def test_row_reduction_rule_leaves_matmuls_alone():
+    """A matmul reduces over K too, but reads B[k, j] down a column: not a row reduction (the GEMM rule's
+    kernel, and float64 ones stay tunable); a row sum over the last axis is one."""
+    from tvm import te
+
+    from compiler import targets
+    from schedules.cpu_row_reduction import CpuRowReduction
+
+    target = targets.resolve("cpu").target
+    a, b = te.placeholder((64, 96), name="a"), te.placeholder((96, 48), name="b")
+    k = te.reduce_axis((0, 96), "k")
+    mm = te.compute((64, 48), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="mm")
+    relu = te.compute((64, 48), lambda i, j: te.max(mm[i, j], 0.0), name="relu")
+    assert CpuRowReduction().apply(te.create_prim_func([a, b, relu]), target, False) is None
+    r = te.reduce_axis((0, 96), "r")
+    total = te.compute((64,), lambda i: te.sum(a[i, r], axis=r), name="total")
+    mean = te.compute((64,), lambda i: total[i] / 96.0, name="mean")
+    assert CpuRowReduction().apply(te.create_prim_func([a, mean]), target, False) is not None
