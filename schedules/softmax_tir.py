@@ -195,30 +195,48 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
     return func
 
 
-def vexp(value):
-    """float32 ``exp`` from +, *, floor and bit shifts (the Cephes ``expf`` polynomial, ~1 ulp).
+# exp(f) on [-ln2/2, ln2/2]: degree-5 minimax polynomial for the relative error (7.2e-8), c0..c5, float32.
+EXP_POLY = (1.0000001192092896, 0.9999997019767761, 0.49998900294303894, 0.16667447984218597,
+            0.041915081441402435, 0.0083062294870615)
+EXP_LO = -87.33654  # below this (2^-126 and less) vexp gives 0
+_LN2_HI, _LN2_LO = 0.693145752, 1.42860677e-6  # ln 2 in two parts (Cody-Waite); n * _LN2_HI is exact
+_MAGIC = 12582912.0 + 127  # 1.5 * 2^23 + the exponent bias
 
-    Hand-written because LLVM scalarises ``llvm.exp`` on vectors into libm calls, and TVM's
-    ``fast_exp`` clamps NaN away (a NaN row must stay NaN). Here ``exp(-inf) = 0``, ``exp(+inf) = inf``
-    and NaN propagates; results below 2^-126 flush to 0 and arguments above 88 give inf (softmax only
-    evaluates x - max <= 0).
+
+def vexp(value):
+    """float32 ``exp(v)`` for softmax's ``v = x - max <= 0`` from +, *, one shift and one Select (<= 2 ulp).
+
+    Hand-written because LLVM scalarises ``llvm.exp`` on vectors into libm calls, and TVM's ``fast_exp``
+    clamps NaN away (a NaN row must stay NaN). ``exp(v) = 2^n * p(f)``, ``n = round(v / ln2)``,
+    ``f = v - n ln2`` in [-ln2/2, ln2/2] and ``p`` the degree-5 ``EXP_POLY``. ``t = v / ln2 + 1.5 * 2^23 + 127``
+    rounds to the integer ``n + 127`` held in t's low mantissa bits, so ``bits(t) << 23`` are the bits of
+    ``2^n`` (no float -> int conversion, undefined for NaN; no exponent-bias add). ``exp(-inf) = 0``, NaN
+    propagates (through ``p``), ``v < EXP_LO`` gives 0 (results below 2^-126 flush). No overflow path: for
+    ``v > 88.3`` (which softmax never evaluates) the result is garbage.
     """
     f32 = lambda c: tirx.const(c, ACC)  # noqa: E731
-    lo, hi = f32(-87.33654), f32(88.0)
     v, t, n, f = (tirx.Var(name, ACC) for name in "vtnf")
-    poly = f32(1.9875691500e-4)
-    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+    poly = f32(EXP_POLY[-1])
+    for c in EXP_POLY[-2::-1]:
         poly = poly * f + f32(c)
-    poly = poly * f * f + f + f32(1)
-    # t = v / ln2 + 1.5 * 2^23 rounds v / ln2 to the integer n held in t's low mantissa bits, so
-    # (bits(t) << 23) + (127 << 23) are the bits of 2^n: no float -> int conversion (undefined for NaN).
-    # Out-of-range v is answered by the Selects; NaN flows through poly.
-    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.reinterpret("int32", t), 23) + (127 << 23))
-    body = tirx.Select(v < lo, f32(0), tirx.Select(v > hi, f32(float("inf")), poly * two_n))
-    body = tirx.Let(f, v - n * f32(0.693359375) + n * f32(2.12194440e-4), body)
-    body = tirx.Let(n, t - f32(12582912.0), body)
-    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(12582912.0), body)
+    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.reinterpret("int32", t), 23))
+    body = tirx.Select(v < f32(EXP_LO), f32(0), poly * two_n)
+    body = tirx.Let(f, v - n * f32(_LN2_HI) - n * f32(_LN2_LO), body)
+    body = tirx.Let(n, t - f32(_MAGIC), body)
+    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(_MAGIC), body)
     return tirx.Let(v, value, body)
+
+
+@T.macro(hygienic=False)
+def _fold(acc, h, op):
+    """acc[l] = op(acc[l], acc[l + h]) for l < h, vectorised: one step of a lanes-wide tree reduction."""
+    if h > 0:
+        for l in T.vectorized(h):
+            acc[l] = op(acc[l], acc[l + h])
+
+
+def _add(a, b):
+    return a + b
 
 
 def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
@@ -232,6 +250,10 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
     """
     full, tail = divmod(cols, lanes)
     keep = kind == "softmax" and dtype == ACC
+    assert lanes & (lanes - 1) == 0 and lanes <= 64, lanes
+    # log2(lanes) halvings reduce the lanes-wide partial max / sum (a linear chain of scalar ops was as
+    # slow as the exp pass on 128-column rows); TVMScript has no Python loops, hence 6 steps, the unused 0.
+    h0, h1, h2, h3, h4, h5 = (lanes >> s for s in range(1, 7))
 
     def exp_of(x, y, r, k, stat):
         """exp(x[r, k] - row max): kept in y, or computed."""
@@ -260,9 +282,13 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
                         acc[l] = T.max(acc[l], T.Cast(ACC, x[vr, ko * lanes + l]))
                 for t in range(tail):
                     acc[t] = T.max(acc[t], T.Cast(ACC, x[vr, full * lanes + t]))
+                _fold(acc, h0, T.max)
+                _fold(acc, h1, T.max)
+                _fold(acc, h2, T.max)
+                _fold(acc, h3, T.max)
+                _fold(acc, h4, T.max)
+                _fold(acc, h5, T.max)
                 stat[0] = acc[0]
-                for l in range(1, lanes):
-                    stat[0] = T.max(stat[0], acc[l])
                 for l in T.vectorized(lanes):
                     acc[l] = T.float32(0)
                 for ko in range(full):
@@ -274,9 +300,13 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
                     if keep:
                         y[vr, full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
                     acc[t] = acc[t] + exp_of(x, y, vr, full * lanes + t, stat)
+                _fold(acc, h0, _add)
+                _fold(acc, h1, _add)
+                _fold(acc, h2, _add)
+                _fold(acc, h3, _add)
+                _fold(acc, h4, _add)
+                _fold(acc, h5, _add)
                 stat[1] = acc[0]
-                for l in range(1, lanes):
-                    stat[1] = stat[1] + acc[l]
                 stat[1] = T.log(stat[1]) if kind == "log_softmax" else T.float32(1) / stat[1]
                 for ko in range(full):
                     for l in T.vectorized(lanes):
