@@ -227,7 +227,8 @@ def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) ->
 
     lanes = max(4, llvm_get_vector_width(target) // 32)
     prefetch = rows > 1 and cols * tvm.DataType(dtype).bits // 8 <= _PREFETCH_ROW_BYTES
-    sch = _schedule(softmax_tir.cpu(rows, cols, dtype, kind, lanes, prefetch), kind)
+    scratch = dtype != softmax_tir.ACC  # float16: exp(x - max) kept in a float32 row buffer, not recomputed
+    sch = _schedule(softmax_tir.cpu(rows, cols, dtype, kind, lanes, prefetch, scratch), kind)
     sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
     return sch
 

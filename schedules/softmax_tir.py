@@ -239,18 +239,21 @@ def _add(a, b):
     return a + b
 
 
-def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool = False):
+def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool = False, scratch: bool = False):
     """One block per row (the schedule runs rows in parallel): three passes over the row while it is in
     cache, a ``lanes``-wide running max, ``exp(x - max)`` with a running sum, and the scaling.
 
     The vector loops are written vectorised, the ``cols % lanes`` tail scalar: TVM's ``vectorize`` refuses
     a loop that carries a reduction, and ``rfactor`` does not compose with ``compute_at``. A float32 softmax
-    keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does); otherwise it is
-    recomputed, so a float16 ``y`` never holds an unscaled, twice-rounded value. ``prefetch``: the exp pass
-    also prefetches the next row, one vector's address per step.
+    keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does). A float16 one keeps it
+    with ``scratch`` in a float32 row buffer (a per-row workspace: a float16 ``y`` would hold an unscaled,
+    twice-rounded value), else recomputes it (1.35x slower). ``prefetch``: the exp pass also prefetches the
+    next row, one vector's address per step.
     """
     full, tail = divmod(cols, lanes)
-    keep = kind == "softmax" and dtype == ACC
+    in_y = dtype == ACC
+    keep = kind == "softmax" and (in_y or scratch)
+    row_buf = cols if keep and not in_y else 1
     assert lanes & (lanes - 1) == 0 and lanes <= 64, lanes
     # log2(lanes) vector halvings reduce the lanes-wide partial max / sum (LLVM made a chain of lanes - 1
     # dependent scalar ops of them, 8192 x 128: -25 %); TVMScript has no Python loops: 6 steps, unused ones 0.
@@ -259,15 +262,17 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
     def nxt(x, r, k):
         return T.address_of(x[T.min(r + 1, rows - 1), k])
 
-    def exp_of(x, y, r, k, stat):
-        """exp(x[r, k] - row max): kept in y, or computed."""
-        return y[r, k] if keep else vexp(T.Cast(ACC, x[r, k]) - stat[0])
+    def exp_of(x, y, e, r, k, stat):
+        """exp(x[r, k] - row max): kept in y or e, or computed."""
+        if keep:
+            return y[r, k] if in_y else e[k]
+        return vexp(T.Cast(ACC, x[r, k]) - stat[0])
 
-    def value(x, y, r, k, stat):
+    def value(x, y, e, r, k, stat):
         """Output element k of row r, with stat = (row max, 1 / row sum or log row sum)."""
         if kind == "log_softmax":
             return T.Cast(dtype, T.Cast(ACC, x[r, k]) - stat[0] - stat[1])
-        return T.Cast(dtype, exp_of(x, y, r, k, stat) * stat[1])
+        return T.Cast(dtype, exp_of(x, y, e, r, k, stat) * stat[1])
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
@@ -279,6 +284,7 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                 T.writes(y[vr, 0:cols])
                 acc = T.sblock_alloc_buffer((lanes,), ACC)  # "global" scope: on the stack ("local": heap)
                 stat = T.sblock_alloc_buffer((2,), ACC)
+                e = T.sblock_alloc_buffer((row_buf,), ACC)  # exp(x - max) of a float16 row (scratch)
                 for l in T.vectorized(lanes):
                     acc[l] = T.min_value(ACC)
                 for ko in range(full):
@@ -299,13 +305,17 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                     if prefetch:  # the next row (the same thread's, mostly): read, keep in all cache levels
                         T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch", nxt(x, vr, ko * lanes), 0, 3, 1))
                     for l in T.vectorized(lanes):
-                        if keep:
+                        if keep and in_y:
                             y[vr, ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
-                        acc[l] = acc[l] + exp_of(x, y, vr, ko * lanes + l, stat)
+                        if keep and not in_y:
+                            e[ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
+                        acc[l] = acc[l] + exp_of(x, y, e, vr, ko * lanes + l, stat)
                 for t in range(tail):
-                    if keep:
+                    if keep and in_y:
                         y[vr, full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
-                    acc[t] = acc[t] + exp_of(x, y, vr, full * lanes + t, stat)
+                    if keep and not in_y:
+                        e[full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
+                    acc[t] = acc[t] + exp_of(x, y, e, vr, full * lanes + t, stat)
                 _fold(acc, h0, _add)
                 _fold(acc, h1, _add)
                 _fold(acc, h2, _add)
@@ -316,8 +326,8 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                 stat[1] = T.log(stat[1]) if kind == "log_softmax" else T.float32(1) / stat[1]
                 for ko in range(full):
                     for l in T.vectorized(lanes):
-                        y[vr, ko * lanes + l] = value(x, y, vr, ko * lanes + l, stat)
+                        y[vr, ko * lanes + l] = value(x, y, e, vr, ko * lanes + l, stat)
                 for t in range(tail):
-                    y[vr, full * lanes + t] = value(x, y, vr, full * lanes + t, stat)
+                    y[vr, full * lanes + t] = value(x, y, e, vr, full * lanes + t, stat)
 
     return func
