@@ -12,6 +12,7 @@ from .cpu_depthwise import CpuDepthwise
 from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul, legalize_matmul
+from .cpu_row_reduction import CpuRowReduction
 from .gpu_depthwise import GpuDepthwise
 
 RULES: list = [
@@ -21,6 +22,7 @@ RULES: list = [
     CpuDepthwise(),
     GpuDepthwise(),
     CpuMatmul(),
+    CpuRowReduction(),
     CpuElementwise(),
 ]
 

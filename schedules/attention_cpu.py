@@ -10,20 +10,17 @@ vector registers; ``exp`` is a vectorisable polynomial.
 
 from __future__ import annotations
 
-import math
 
 import tvm
 from tvm.script import tirx as T
 from tvm.target import codegen
 
 from .attention import causal_offset, kernel_signature
+from .softmax_tir import vexp as exp  # the softmax kernel's vectorisable e^(x - max); NaN stays NaN
 
 BQ = 64  # query rows per task (amortises the K-tile transpose)
 BK = 64  # keys per tile
 RB = 4  # rows per register block
-LOG2E = math.log2(math.e)
-EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3, 5.550332471162809e-2,
-             2.402264791363012e-1, 6.931472028550421e-1)  # 2^f = 1 + f * P(f) on [-0.5, 0.5] (Cephes exp2f)
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -33,20 +30,6 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     f32, neg_inf = "float32", T.float32("-inf")
-
-    def exp(x):
-        """e^x for x <= 0 or -inf (all softmax needs here), as 2^n * 2^f with Cephes' exp2f polynomial.
-
-        Hand-written because LLVM lowers a vector ``exp`` to one libm call per lane, which costs more
-        than the matrix products of a tile; TVM's own fast_exp exists only as a TE operator on tensors.
-        """
-        t = T.max(x * T.float32(LOG2E), T.float32(-127))  # 2^-127 -> bits 0 -> exactly 0
-        n = T.floor(t + T.float32(0.5))
-        f = t - n  # in [-0.5, 0.5]
-        poly = T.float32(EXP2_POLY[0])
-        for c in EXP2_POLY[1:]:
-            poly = poly * f + T.float32(c)
-        return T.reinterpret("float32", T.shift_left(T.Cast("int32", n) + 127, 23)) * (T.float32(1) + f * poly)
 
     # register blocks of RB rows x two vector registers of lanes: 8 independent FMA chains hide FMA latency
     VS = 32 if codegen.target_has_features("avx512f", target) else 16

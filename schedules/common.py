@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tvm
+import tvm_ffi
 from tvm import relax, te, topi
 from tvm.target import Target, codegen
 
@@ -64,3 +65,15 @@ def padded_conv_input(data: te.Tensor, kh: int, kw: int, strides, padding, dilat
     oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
     ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
     return data, (oh, ow), (sh, sw), (dh, dw)
+
+
+def any_node(node, kind: type, pred) -> bool:
+    """Whether a ``kind`` node under ``node`` (a TIR statement or expression) satisfies ``pred``."""
+    found = False
+
+    def visit(n) -> None:
+        nonlocal found
+        found = found or bool(pred(n))
+
+    tvm_ffi.structural_walk(node, [(kind, visit)], order="post")
+    return found

@@ -1,20 +1,20 @@
-"""CPU elementwise / layout kernels (GELU-tanh chains, reshapes, transposes): one parallel, vectorised loop.
+"""CPU elementwise / layout kernels (GELU-tanh chains, reshapes, transposes, splits): parallel vector loops.
 
 Unscheduled, TVM runs them as one scalar thread; GPT-2's tanh-GELU alone took a tenth of the model.
-Every block is inlined into the last one, whose loops are fused, split into vectors (the widest vector
-that divides the element count, so there is no tail) and spread over the cores.
+Every block is inlined into the blocks that write the kernel's outputs (one, or one per Split output);
+each of those gets its loops fused, split into vectors (the widest vector that divides the element count,
+so there is no tail) and spread over the cores.
 """
 
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import largest_divisor, vector_shape
+from .common import any_node, largest_divisor, vector_shape
 
 
 PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs more than it saves
@@ -38,35 +38,48 @@ class CpuElementwise(ScheduleRule):
         blocks = sch.get_child_blocks(get_root_block(sch))
         if not blocks or len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
             return None
+        outputs = list(func.params)  # the buffers of the kernel's arguments
+        loop_nests = []  # the blocks that write an output (a Split writes several); the rest is inlined
         for block in blocks[:-1]:
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:
+                if not any(sch.get(block).writes[0].source.same_as(out) for out in outputs):
+                    return None
+                loop_nests.append(block)
+        vectorize = not _calls(func, NO_VECTOR_LOWERING)
+        for block in [*loop_nests, blocks[-1]]:
+            if not _parallel_vectors(sch, block, vector_shape(target, "float32")[0], vectorize):
                 return None
-        loops = sch.get_loops(blocks[-1])
-        extents = [sch.get(loop).extent for loop in loops]
-        if not loops or not all(isinstance(e, tirx.IntImm) for e in extents):
-            return None
-        size = 1
-        for e in extents:
-            size *= int(e)
-        if size == 0:
-            return None
-        lanes = largest_divisor(size, (vector_shape(target, "float32")[0], 8, 4, 2, 1))
-        outer, inner = sch.split(sch.fuse(*loops), [None, lanes])
-        if size >= PARALLEL_MIN:
-            sch.parallel(outer)
-        if not _calls(func, NO_VECTOR_LOWERING):
-            sch.vectorize(inner)
         return sch
+
+
+def _parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) -> bool:
+    """One loop over the block's elements, split into vectors (the widest that divides the count, so no
+    tail) spread over the cores; False if its extents are not static or it has no elements."""
+    loops = sch.get_loops(block)
+    extents = [sch.get(loop).extent for loop in loops]
+    if not loops or not all(isinstance(e, tirx.IntImm) for e in extents):
+        return False
+    size = 1
+    for e in extents:
+        size *= int(e)
+    if size == 0:
+        return False
+    outer, inner = sch.split(sch.fuse(*loops), [None, largest_divisor(size, (widest, 8, 4, 2, 1))])
+    if size >= PARALLEL_MIN:
+        sch.parallel(outer)
+    if vectorize:
+        sch.vectorize(inner)
+    return True
 
 
 def _gathers(func: tirx.PrimFunc) -> bool:
     """Whether an address is read from memory (take, gather, scatter, unpooling): the rule assumes one output
     written element by element, which scatters are not (ONNX test_scatter_elements_*, test_maxunpool_* broke it)."""
-    loaded = lambda index: _any(index, tvm.ir.expr.TensorLoad, lambda _: True)  # noqa: E731
+    loaded = lambda index: any_node(index, tvm.ir.expr.TensorLoad, lambda _: True)  # noqa: E731
     data_dependent = lambda access: any(loaded(i) for i in access.indices)  # noqa: E731
-    return _any(func.body, tvm.ir.expr.TensorLoad, data_dependent) or _any(func.body, tirx.BufferStore, data_dependent)
+    return any_node(func.body, tvm.ir.expr.TensorLoad, data_dependent) or any_node(func.body, tirx.BufferStore, data_dependent)
 
 
 # Intrinsics that TVM 0.27's LLVM codegen lowers only as scalars (a vectorised cosh fails to build).
@@ -75,16 +88,4 @@ NO_VECTOR_LOWERING = {"cosh", "sinh"}
 
 def _calls(func: tirx.PrimFunc, ops: set[str]) -> bool:
     """Whether ``func`` calls one of ``ops`` (names without their namespace: "tirx.cosh", "prim.if_then_else")."""
-    return _any(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)
-
-
-def _any(node, kind: type, pred) -> bool:
-    """Whether a ``kind`` node under ``node`` satisfies ``pred``."""
-    found = False
-
-    def visit(n) -> None:
-        nonlocal found
-        found = found or bool(pred(n))
-
-    tvm_ffi.structural_walk(node, [(kind, visit)], order="post")
-    return found
+    return any_node(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)

@@ -195,53 +195,84 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
     return func
 
 
-def vexp(value):
-    """float32 ``exp`` from +, *, floor and bit shifts (the Cephes ``expf`` polynomial, ~1 ulp).
+# exp(f) on [-ln2/2, ln2/2]: degree-5 minimax polynomial for the relative error with c0 = 1 (so exp(0) = 1),
+# c0..c5 rounded to float32 (8.6e-8 before rounding, 1.1e-7 after).
+EXP_POLY = (1.0, 0.9999997019767761, 0.4999915361404419, 0.16667552292346954, 0.041897963732481, 0.00829608365893364)
+EXP_LO = -87.33654  # below this (2^-126 and less) vexp gives 0
+_LN2_HI, _LN2_LO = 0.693145752, 1.42860677e-6  # ln 2 in two parts (Cody-Waite); n * _LN2_HI is exact
+_MAGIC = 12582912.0 + 127  # 1.5 * 2^23 + the exponent bias
 
-    Hand-written because LLVM scalarises ``llvm.exp`` on vectors into libm calls, and TVM's
-    ``fast_exp`` clamps NaN away (a NaN row must stay NaN). Here ``exp(-inf) = 0``, ``exp(+inf) = inf``
-    and NaN propagates; results below 2^-126 flush to 0 and arguments above 88 give inf (softmax only
-    evaluates x - max <= 0).
+
+def vexp(value):
+    """float32 ``exp(v)`` for softmax's ``v = x - max <= 0`` from +, *, one shift and one Select (<= 2.22 ulp).
+
+    Hand-written because LLVM scalarises ``llvm.exp`` on vectors into libm calls, and TVM's ``fast_exp``
+    clamps NaN away (a NaN row must stay NaN). ``exp(v) = 2^n * p(f)``, ``n = round(v / ln2)``,
+    ``f = v - n ln2`` in [-ln2/2, ln2/2] and ``p`` the degree-5 ``EXP_POLY``. ``t = v / ln2 + 1.5 * 2^23 + 127``
+    rounds to the integer ``n + 127`` held in t's low mantissa bits, so ``bits(t) << 23`` are the bits of
+    ``2^n`` (no float -> int conversion, undefined for NaN; no exponent-bias add). ``exp(-inf) = 0``, NaN
+    propagates (through ``p``), ``v < EXP_LO`` gives 0 (results below 2^-126 flush). No overflow path: for
+    ``v > 88.3`` (which softmax never evaluates) the result is garbage.
     """
     f32 = lambda c: tirx.const(c, ACC)  # noqa: E731
-    lo, hi = f32(-87.33654), f32(88.0)
     v, t, n, f = (tirx.Var(name, ACC) for name in "vtnf")
-    poly = f32(1.9875691500e-4)
-    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+    poly = f32(EXP_POLY[-1])
+    for c in EXP_POLY[-2::-1]:
         poly = poly * f + f32(c)
-    poly = poly * f * f + f + f32(1)
-    # t = v / ln2 + 1.5 * 2^23 rounds v / ln2 to the integer n held in t's low mantissa bits, so
-    # (bits(t) << 23) + (127 << 23) are the bits of 2^n: no float -> int conversion (undefined for NaN).
-    # Out-of-range v is answered by the Selects; NaN flows through poly.
-    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.reinterpret("int32", t), 23) + (127 << 23))
-    body = tirx.Select(v < lo, f32(0), tirx.Select(v > hi, f32(float("inf")), poly * two_n))
-    body = tirx.Let(f, v - n * f32(0.693359375) + n * f32(2.12194440e-4), body)
-    body = tirx.Let(n, t - f32(12582912.0), body)
-    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(12582912.0), body)
+    two_n = tirx.reinterpret(ACC, tirx.shift_left(tirx.reinterpret("int32", t), 23))
+    body = tirx.Select(v < f32(EXP_LO), f32(0), poly * two_n)
+    body = tirx.Let(f, v - n * f32(_LN2_HI) - n * f32(_LN2_LO), body)
+    body = tirx.Let(n, t - f32(_MAGIC), body)
+    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(_MAGIC), body)
     return tirx.Let(v, value, body)
 
 
-def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
+@T.macro(hygienic=False)
+def _fold(acc, h, op):
+    """acc[l] = op(acc[l], acc[l + h]) for l < h, vectorised: one step of a lanes-wide tree reduction."""
+    if h > 0:
+        for l in T.vectorized(h):
+            acc[l] = op(acc[l], acc[l + h])
+
+
+def _add(a, b):
+    return a + b
+
+
+def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool = False, scratch: bool = False):
     """One block per row (the schedule runs rows in parallel): three passes over the row while it is in
     cache, a ``lanes``-wide running max, ``exp(x - max)`` with a running sum, and the scaling.
 
     The vector loops are written vectorised, the ``cols % lanes`` tail scalar: TVM's ``vectorize`` refuses
     a loop that carries a reduction, and ``rfactor`` does not compose with ``compute_at``. A float32 softmax
-    keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does); otherwise it is
-    recomputed, so a float16 ``y`` never holds an unscaled, twice-rounded value.
+    keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does). A float16 one keeps it
+    with ``scratch`` in a float32 row buffer (a per-row workspace: a float16 ``y`` would hold an unscaled,
+    twice-rounded value), else recomputes it (1.35x slower). ``prefetch``: the exp pass also prefetches the
+    next row, one vector's address per step.
     """
     full, tail = divmod(cols, lanes)
-    keep = kind == "softmax" and dtype == ACC
+    in_y = dtype == ACC
+    keep = kind == "softmax" and (in_y or scratch)
+    row_buf = cols if keep and not in_y else 1
+    assert lanes & (lanes - 1) == 0 and lanes <= 64, lanes
+    # log2(lanes) vector halvings reduce the lanes-wide partial max / sum (LLVM made a chain of lanes - 1
+    # dependent scalar ops of them, 8192 x 128: -25 %); TVMScript has no Python loops: 6 steps, unused ones 0.
+    h0, h1, h2, h3, h4, h5 = (lanes >> s for s in range(1, 7))
 
-    def exp_of(x, y, r, k, stat):
-        """exp(x[r, k] - row max): kept in y, or computed."""
-        return y[r, k] if keep else vexp(T.Cast(ACC, x[r, k]) - stat[0])
+    def nxt(x, r, k):
+        return T.address_of(x[T.min(r + 1, rows - 1), k])
 
-    def value(x, y, r, k, stat):
+    def exp_of(x, y, e, r, k, stat):
+        """exp(x[r, k] - row max): kept in y or e, or computed."""
+        if keep:
+            return y[r, k] if in_y else e[k]
+        return vexp(T.Cast(ACC, x[r, k]) - stat[0])
+
+    def value(x, y, e, r, k, stat):
         """Output element k of row r, with stat = (row max, 1 / row sum or log row sum)."""
         if kind == "log_softmax":
             return T.Cast(dtype, T.Cast(ACC, x[r, k]) - stat[0] - stat[1])
-        return T.Cast(dtype, exp_of(x, y, r, k, stat) * stat[1])
+        return T.Cast(dtype, exp_of(x, y, e, r, k, stat) * stat[1])
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
@@ -253,6 +284,7 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
                 T.writes(y[vr, 0:cols])
                 acc = T.sblock_alloc_buffer((lanes,), ACC)  # "global" scope: on the stack ("local": heap)
                 stat = T.sblock_alloc_buffer((2,), ACC)
+                e = T.sblock_alloc_buffer((row_buf,), ACC)  # exp(x - max) of a float16 row (scratch)
                 for l in T.vectorized(lanes):
                     acc[l] = T.min_value(ACC)
                 for ko in range(full):
@@ -260,28 +292,42 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int):
                         acc[l] = T.max(acc[l], T.Cast(ACC, x[vr, ko * lanes + l]))
                 for t in range(tail):
                     acc[t] = T.max(acc[t], T.Cast(ACC, x[vr, full * lanes + t]))
+                _fold(acc, h0, T.max)
+                _fold(acc, h1, T.max)
+                _fold(acc, h2, T.max)
+                _fold(acc, h3, T.max)
+                _fold(acc, h4, T.max)
+                _fold(acc, h5, T.max)
                 stat[0] = acc[0]
-                for l in range(1, lanes):
-                    stat[0] = T.max(stat[0], acc[l])
                 for l in T.vectorized(lanes):
                     acc[l] = T.float32(0)
                 for ko in range(full):
+                    if prefetch:  # the next row (the same thread's, mostly): read, keep in all cache levels
+                        T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch", nxt(x, vr, ko * lanes), 0, 3, 1))
                     for l in T.vectorized(lanes):
-                        if keep:
+                        if keep and in_y:
                             y[vr, ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
-                        acc[l] = acc[l] + exp_of(x, y, vr, ko * lanes + l, stat)
+                        if keep and not in_y:
+                            e[ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
+                        acc[l] = acc[l] + exp_of(x, y, e, vr, ko * lanes + l, stat)
                 for t in range(tail):
-                    if keep:
+                    if keep and in_y:
                         y[vr, full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
-                    acc[t] = acc[t] + exp_of(x, y, vr, full * lanes + t, stat)
+                    if keep and not in_y:
+                        e[full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
+                    acc[t] = acc[t] + exp_of(x, y, e, vr, full * lanes + t, stat)
+                _fold(acc, h0, _add)
+                _fold(acc, h1, _add)
+                _fold(acc, h2, _add)
+                _fold(acc, h3, _add)
+                _fold(acc, h4, _add)
+                _fold(acc, h5, _add)
                 stat[1] = acc[0]
-                for l in range(1, lanes):
-                    stat[1] = stat[1] + acc[l]
                 stat[1] = T.log(stat[1]) if kind == "log_softmax" else T.float32(1) / stat[1]
                 for ko in range(full):
                     for l in T.vectorized(lanes):
-                        y[vr, ko * lanes + l] = value(x, y, vr, ko * lanes + l, stat)
+                        y[vr, ko * lanes + l] = value(x, y, e, vr, ko * lanes + l, stat)
                 for t in range(tail):
-                    y[vr, full * lanes + t] = value(x, y, vr, full * lanes + t, stat)
+                    y[vr, full * lanes + t] = value(x, y, e, vr, full * lanes + t, stat)
 
     return func

@@ -271,3 +271,19 @@ def test_onnx_attention_softcap_takes_the_explicit_path(capsys, tmp_path, rng):
     assert rel_err(ours["y"], ref) < 1e-5
     ops = [op for k in kernels(capsys, tmp_path / "model.onnx") for op in k["ops"]]
     assert "relax.tanh" in ops
+
+
+@pytest.mark.parametrize("exponent,ops", [(3.0, ["multiply", "multiply"]), (2.0, ["multiply"]), (2.5, ["power"])])
+def test_small_constant_powers_are_products(capsys, tmp_path, rng, exponent, ops):
+    """pow(x, 3) (GPT-2's GELU) and pow(x, 2) become multiplies: right for x < 0, where CUDA's fast-math powf
+    gave NaN; other exponents stay pow (NaN for x < 0 as ONNX says)."""
+    g = blocks.Graph()
+    y = g.n("Pow", [g.input("x", [5, 33]), g.c(np.array(exponent, np.float32))])
+    model = g.model([y])
+    inputs = {"x": np.concatenate([rng.standard_normal((5, 30)), [[-np.inf, np.nan, -0.0]] * 5], axis=1).astype(np.float32)}
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    (name,) = ref
+    np.testing.assert_allclose(ours[name], ref[name], rtol=1e-6, equal_nan=True)
+    np.testing.assert_array_equal(np.signbit(ours[name]), np.signbit(ref[name]))
+    (k,) = kernels(capsys, tmp_path / "model.onnx")
+    assert k["ops"] == _ops(*ops)

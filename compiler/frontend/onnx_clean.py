@@ -9,6 +9,7 @@ constant, and inlines model-local functions).
 from __future__ import annotations
 
 import hashlib
+import logging
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -344,6 +345,11 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
 
 
 def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
+    folder_log = logging.getLogger("onnxscript.optimizer._constant_folding")
+    level = folder_log.level
+    # It logs "Evaluation failed: ..." for every value it cannot fold (BERT's mask: "cannot reshape array of
+    # size 1 into shape (1,128)"); such a value stays in the graph and TVM computes it, so that is no news.
+    folder_log.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -351,6 +357,8 @@ def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
     except Exception as err:  # the optimiser is best effort: import the unoptimised graph instead
         warnings.warn(f"onnxscript optimiser failed ({type(err).__name__}: {err}); importing the raw graph")
         return onnx.shape_inference.infer_shapes(model)
+    finally:
+        folder_log.setLevel(level)
 
 
 def clean(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -1,0 +1,107 @@
+"""CPU row reductions: LayerNorm, RMSNorm, and whatever elementwise work is fused with them.
+
+TVM's default lowering runs these as one scalar thread with a loop-carried add (LayerNorm was 4 % of GPT-2
+on the CPU). A kernel qualifies when all of its blocks walk the same rows (leading axes) and each block
+either reduces the last axis (``cols`` long) or is elementwise over (rows) or (rows, cols), the last one
+elementwise (LayerNorm's output; a mean's division). Schedule: rows over the cores; within a row every block in turn, so
+the row stays in L1 between passes; reductions accumulate ``lanes`` partial sums in one vector (rfactor)
+that are then added up, elementwise passes run as vectors.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .common import any_node, largest_divisor, vector_shape
+
+MIN_COLS = 32  # shorter rows: the vector partial sums and their final add do not pay
+
+
+class CpuRowReduction(ScheduleRule):
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(get_root_block(sch))
+        found = _rows_and_cols(sch, blocks)
+        if found is None:
+            return None
+        n_rows, cols = found
+        dtype = str(sch.get(blocks[-1]).writes[0].source.dtype)
+        if dtype not in ("float32", "float16"):
+            return None
+        lanes = largest_divisor(cols, (vector_shape(target, dtype)[0], 8, 4))
+        if lanes is None or cols < MIN_COLS:
+            return None
+        try:
+            partials = []
+            for block in blocks:  # rfactor first: it wants the reduction alone in its loop nest
+                if sch.get(block).iter_vars[-1].iter_type == tirx.IterVar.CommReduce:
+                    _, vec = sch.split(sch.get_loops(block)[-1], [None, lanes])
+                    partials.append(sch.rfactor(vec, factor_axis=len(sch.get(block).writes[0].region)))
+            blocks = sch.get_child_blocks(get_root_block(sch))
+            row = sch.fuse(*sch.get_loops(blocks[-1])[:n_rows])
+            sch.parallel(row)  # now: with the reductions under it, TVM's dataflow check refuses it
+            for block in reversed(blocks[:-1]):  # consumers first, so each producer lands under ``row``
+                sch.compute_at(block, row, preserve_unit_loops=True)
+            for block in partials:  # lanes partial sums in one vector register
+                # compute_at regenerated its loops in iter-var order: (lanes, ..., steps along the row)
+                _, lane, *_, step = sch.get_loops(block)
+                if (int(sch.get(lane).extent), int(sch.get(step).extent)) != (lanes, cols // lanes):
+                    return None
+                sch.reorder(step, lane)
+                sch.vectorize(lane)
+                init = sch.decompose_reduction(block, step)
+                sch.vectorize(sch.get_loops(init)[-1])
+            for block in sch.get_child_blocks(row):
+                last = sch.get_loops(block)[-1]
+                if sch.get(block).iter_vars[-1].iter_type == tirx.IterVar.DataPar and int(sch.get(last).extent) == cols:
+                    sch.vectorize(sch.split(last, [None, lanes])[1])
+        except s_tir.ScheduleError:
+            return None
+        return sch
+
+
+def _rows_and_cols(sch: s_tir.Schedule, blocks: list) -> tuple[int, int] | None:
+    """(how many leading loops of the last block walk the rows, cols) when the kernel has the shape the
+    module docstring describes; unit axes (``keepdims``) do not count."""
+    shapes = []
+    for block in blocks:
+        ivs = sch.get(block).iter_vars
+        if len(sch.get_loops(block)) != len(ivs) or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in ivs):
+            return None
+        kinds = [iv.iter_type for iv in ivs]
+        if any(k != tirx.IterVar.DataPar for k in kinds[:-1]) or kinds[-1] not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
+            return None
+        reduces = kinds[-1] == tirx.IterVar.CommReduce
+        if reduces and not _reads_along_last_axis(sch.get(block)):
+            return None  # a matmul (B[k, j]): the GEMM rule's, or strided reads that vectors would not help
+        shapes.append(([int(iv.dom.extent) for iv in ivs], reduces))
+    squeeze = lambda extents: [e for e in extents if e != 1]  # noqa: E731
+    reductions = [(squeeze(extents[:-1]), extents[-1]) for extents, reduces in shapes if reduces]
+    if not reductions or any(r != reductions[0] for r in reductions):
+        return None
+    rows, cols = reductions[0]
+    if not rows:
+        return None
+    for extents, reduces in shapes:
+        if not reduces and squeeze(extents) != rows and not (extents[-1] == cols and squeeze(extents[:-1]) == rows):
+            return None
+    last, reduces = shapes[-1]
+    if reduces:
+        return None
+    return (len(last) - 1 if last[-1] == cols and squeeze(last[:-1]) == rows else len(last)), cols
+
+
+def _reads_along_last_axis(block: tirx.Block) -> bool:
+    """Whether every buffer the reduction reads with its reduced variable is indexed by it in the last
+    dimension only, i.e. the reduction walks rows of contiguous memory."""
+    k = block.iter_vars[-1].var
+    for region in block.reads:
+        dims = [any_node(r.min, tirx.Var, k.same_as) for r in region.region]
+        if any(dims) and (not dims[-1] or any(dims[:-1])):
+            return False
+    return True
