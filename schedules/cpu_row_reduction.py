@@ -74,6 +74,8 @@ def _rows_and_cols(sch: s_tir.Schedule, blocks: list) -> tuple[int, int] | None:
         if len(sch.get_loops(block)) != len(ivs) or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in ivs):
             return None
         kinds = [iv.iter_type for iv in ivs]
+        if not kinds:  # a scalar block (NonMaxSuppression's counters): not a row kernel
+            return None
         if any(k != tirx.IterVar.DataPar for k in kinds[:-1]) or kinds[-1] not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
             return None
         reduces = kinds[-1] == tirx.IterVar.CommReduce
