@@ -88,7 +88,7 @@ def center_crop_pad(bb, inputs, attrs, params) -> relax.Expr:
 
 
 def split(bb, inputs, attrs, params) -> relax.Expr:
-    """Slices of the given sizes (zero sizes included), or ``num_outputs`` / as many outputs as the node has
+    """Parts of the given sizes (zero sizes included), or ``num_outputs`` / as many outputs as the node has
     equal parts (the last one smaller, opset 18)."""
     x = inputs[0]
     axis = attrs.get("axis", 0) % rank(x)
@@ -98,8 +98,10 @@ def split(bb, inputs, attrs, params) -> relax.Expr:
         part = -(-n // attrs.get("num_outputs", outputs))
         sizes = [min(part, n - start) for start in range(0, n, part)] if n else [0] * outputs
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-    parts = [bb.normalize(op.strided_slice(x, [axis], [b], [e])) for b, e in zip(starts, starts[1:])]
-    return relax.Tuple(parts)
+    if all(size > 0 for size in sizes):  # R.split: one kernel writing every part
+        return op.split(x, starts[1:-1], axis=axis)
+    # R.split wants strictly increasing split points: one slice per part instead
+    return relax.Tuple([bb.normalize(op.strided_slice(x, [axis], [b], [e])) for b, e in zip(starts, starts[1:])])
 
 
 def one_hot(bb, inputs, attrs, params) -> relax.Expr:
