@@ -22,6 +22,9 @@ PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs m
 # Pow by repeated squaring has ~400) grow exponentially and exhaust memory in lowering. Real elementwise
 # epilogues are far shorter than this.
 MAX_BLOCKS = 32
+# Likewise one block read many times by the rest (the low-precision encoders of compiler/frontend/lowp.py
+# read their input's bits ~20 times): inlined, a float8 -> float8 cast took 15 s to compile.
+MAX_READS = 8
 
 
 class CpuElementwise(ScheduleRule):
@@ -39,6 +42,8 @@ class CpuElementwise(ScheduleRule):
         if not blocks or len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
             return None
         for block in blocks[:-1]:
+            if any(_reads(func.body, buf.source) > MAX_READS for buf in sch.get(block).writes):
+                return None
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:
@@ -76,6 +81,18 @@ NO_VECTOR_LOWERING = {"cosh", "sinh"}
 def _calls(func: tirx.PrimFunc, ops: set[str]) -> bool:
     """Whether ``func`` calls one of ``ops`` (names without their namespace: "tirx.cosh", "prim.if_then_else")."""
     return _any(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)
+
+
+def _reads(node, buffer) -> int:
+    """How many loads of ``buffer`` the code under ``node`` holds (each a copy of its expression, inlined)."""
+    count = 0
+
+    def visit(load) -> None:
+        nonlocal count
+        count += load.source.same_as(buffer)
+
+    tvm_ffi.structural_walk(node, [(tvm.ir.expr.TensorLoad, visit)], order="post")
+    return count
 
 
 def _any(node, kind: type, pred) -> bool:
