@@ -2,8 +2,8 @@
 int2/uint2 (``compiler/frontend/lowp.py``), bit for bit against ONNX's reference implementation
 (``onnx.reference.ReferenceEvaluator``, ml_dtypes underneath): every code decoded; encoded from every
 float16, and from float32/float64 edge values (each format's values, the halfway points between them and
-one ulp either side, max, overflow, subnormals, -0, inf, NaN) plus random bit patterns; the manifest and
-the runtime's ml_dtypes arrays; refusals."""
+one ulp either side, max, overflow, subnormals, -0, inf, NaN) plus random bit patterns; QuantizeLinear /
+DequantizeLinear to and from them; the manifest and the runtime's ml_dtypes arrays; refusals."""
 
 import ml_dtypes
 import numpy as np
@@ -157,21 +157,22 @@ def test_manifest_and_runtime_dtypes(tmp_path):
             run(x=wrong)
 
 
-@pytest.mark.parametrize("case", ["add", "quantize", "subgraph"])
+@pytest.mark.parametrize("case", ["add", "cast_then_neg", "subgraph"])
 def test_other_uses_refused(tmp_path, case):
-    """Only Cast / CastLike compute on these types: anything else is refused, naming the node and type."""
+    """Only Cast / CastLike / Quantize- / DequantizeLinear compute on these types: anything else is refused,
+    naming the value, the node and the type."""
     from compiler import compile_model
 
     f8 = ("x", TP.FLOAT8E4M3FN, [4])
     if case == "add":
         model = make_model([helper.make_node("Add", ["x", "x"], ["y"], name="add0")], [f8],
                            [("y", TP.FLOAT8E4M3FN, [4])], opset=OPSET)
-        want = r"'x' of Add 'add0' \(only Cast/CastLike compute on it\): FLOAT8E4M3FN"
-    elif case == "quantize":
-        node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q0")
-        model = make_model([node], [("x", TP.FLOAT, [4])], [("y", TP.FLOAT8E4M3FN, [4])],
-                           {"s": np.array(2, np.float32), "z": np.zeros(1, ml_dtypes.float8_e4m3fn)}, opset=OPSET)
-        want = r"of QuantizeLinear 'q0' \(only Cast/CastLike compute on it\): FLOAT8E4M3FN"
+        want = r"'x' of Add 'add0' \(only Cast/CastLike/QuantizeLinear/DequantizeLinear compute on it\): FLOAT8E4M3FN"
+    elif case == "cast_then_neg":
+        nodes = [helper.make_node("Cast", ["x"], ["t"], to=TP.FLOAT8E5M2),
+                 helper.make_node("Neg", ["t"], ["y"], name="neg0")]
+        model = make_model(nodes, [("x", TP.FLOAT, [4])], [("y", TP.FLOAT8E5M2, [4])], opset=OPSET)
+        want = r"'t' of Neg 'neg0' \(only Cast/CastLike/QuantizeLinear/DequantizeLinear compute on it\): FLOAT8E5M2"
     else:
         body = helper.make_graph([helper.make_node("Cast", ["x"], ["t"], to=TP.FLOAT)], "b", [],
                                  [helper.make_tensor_value_info("t", TP.FLOAT, [4])])
@@ -181,3 +182,33 @@ def test_other_uses_refused(tmp_path, case):
     model.ir_version = 11
     with pytest.raises(Unsupported, match=rf"element types tvmpipe cannot compute exactly \(.*{want}"):
         compile_model(save(model, tmp_path / "m.onnx"), "cpu", tmp_path / "m.tvmpkg")
+
+
+@pytest.mark.parametrize("elem", [*FLOAT8, TP.FLOAT4E2M1, *INTS], ids=TP.DataType.Name)
+def test_quantize_dequantize_match_reference(tmp_path, rng, elem):
+    """QuantizeLinear to and DequantizeLinear from each type, per-axis scales and zero points, against ONNX's
+    reference: values on and next to the rounding ties, past the range (clipped or saturated), NaN-free
+    (float -> int of NaN is undefined); float8 with saturate on and off."""
+    scale = np.array([0.5, 1.0, 3.0], np.float32)
+    x = np.concatenate([rng.uniform(-20, 20, (3, 40)), (np.arange(-30, 30) / 2)[None].repeat(3, 0)], 1)
+    x = np.concatenate([x, x * 1e3, np.nextafter(x, np.inf), np.nextafter(x, -np.inf)], 1).astype(np.float32)
+    zp = _codes(elem)[rng.integers(0, _codes(elem).size, 3)] if elem in (*INTS, TP.FLOAT4E2M1) else np.zeros(3, _np(elem))
+    if elem == TP.FLOAT4E2M1:  # a finite zero point
+        zp = np.array([0.5, -1, 0], np.float32).astype(_np(elem))
+    inputs = {"x": x, "s": scale, "z": zp}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], axis=0),
+             helper.make_node("DequantizeLinear", ["y", "s", "z"], ["d"], axis=0)]
+    outputs = {"y": elem, "d": TP.FLOAT}
+    if elem in FLOAT8:
+        nodes.append(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y0"], axis=0, saturate=0))
+        outputs["y0"] = elem
+    from compiler import compile_model, load
+
+    model = make_model(nodes, [("x", TP.FLOAT, list(x.shape)), ("s", TP.FLOAT, [3]), ("z", elem, [3])],
+                       [(n, t, list(x.shape)) for n, t in outputs.items()], opset=OPSET)
+    model.ir_version = 11
+    compile_model(save(model, tmp_path / "m.onnx"), "cpu", tmp_path / "m.tvmpkg")
+    ours = load(tmp_path / "m.tvmpkg")(**inputs)
+    ref = dict(zip(outputs, ReferenceEvaluator(model).run(None, inputs)))
+    for name in outputs:
+        _assert_same(ours[name], ref[name], x, f"{name} ({TP.DataType.Name(elem)})")

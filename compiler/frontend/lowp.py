@@ -4,8 +4,9 @@ Such a tensor is carried in the compiled graph as its storage byte, one element 
 ml_dtypes (and so numpy, onnx and the ONNX test data) keeps for it. Only Cast / CastLike to and from these
 types are compiled, each as integer bit arithmetic in TE that follows ONNX's reference
 (``onnx.reference.ops.op_cast``): round to nearest even, the ``saturate`` tables, NaN / infinity per format,
-no negative zero in the FNUZ formats, E8M0's ``round_mode``, integers wrapped to their width. Any other use
-of these types stays refused (``problems``).
+no negative zero in the FNUZ formats, E8M0's ``round_mode``, integers wrapped to their width; and
+QuantizeLinear / DequantizeLinear (not blocked) built on them. Any other use of these types stays refused
+(``problems``).
 
 Why not TVM's own float8/float4 dtypes: TVM 0.27 casts to them with the hardware/LLVM conversion (or its
 FP8 legalisation), which has no ``saturate`` mode, knows neither the FNUZ encodings nor E8M0, and holds int4
@@ -20,6 +21,8 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
+from .converters_math import dtype_of
+from .converters_nn import shape
 from .registry import register_converter
 
 _DT = onnx.TensorProto
@@ -238,9 +241,67 @@ def lowp_cast(bb, inputs, attrs, params) -> relax.Expr:
     return bb.emit_te(compute, inputs[0])
 
 
+def _per_axis(bb, v: relax.Expr, rank: int, axis: int) -> relax.Expr:
+    """A scale / zero point broadcast along ``axis`` of a rank-``rank`` tensor (a scalar or one element:
+    everywhere), as ONNX's reference reshapes it."""
+    v = bb.normalize(v)
+    n = int(np.prod(shape(v)))
+    if n == 1:
+        return relax.op.reshape(v, [])
+    return relax.op.reshape(v, [n if k == axis % rank else 1 for k in range(rank)])
+
+
+def _cast(bb, x: relax.Expr, src: int, dst: int, saturate: bool = True) -> relax.Expr:
+    return bb.normalize(lowp_cast(bb, [x], {"from": src, "to": dst, "saturate": int(saturate)}, None))
+
+
+def _onnx_type(x: relax.Expr) -> int:
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype_of(x)))
+
+
+def lowp_dequantize(bb, inputs, attrs, params) -> relax.Expr:
+    """DequantizeLinear of a low-precision ``x`` as ONNX's reference computes it: float32(x) (- zero point,
+    for the integer types only: the float8 one must be 0 and float4's is not read), times the scale in
+    float32, rounded once to the scale's type (or ``output_dtype``)."""
+    x, scale = inputs[:2]
+    zp = inputs[2] if len(inputs) > 2 else None
+    elem, rank, axis = attrs["type"], len(shape(x)), attrs.get("axis", 1)
+    y = _cast(bb, x, elem, _DT.FLOAT)
+    if zp is not None and elem in INTS:
+        y = relax.op.subtract(y, _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis))
+    y = relax.op.multiply(y, _per_axis(bb, relax.op.astype(scale, "float32"), rank, axis))
+    out = dtype_name(attrs["output_dtype"]) if attrs.get("output_dtype") else dtype_of(scale)
+    return relax.op.astype(y, out) if out != "float32" else y
+
+
+def lowp_quantize(bb, inputs, attrs, params) -> relax.Expr:
+    """QuantizeLinear to a low-precision type as ONNX's reference computes it: x / scale (in numpy's common
+    type), then float8: cast with ``saturate`` (the zero point, 0 by definition, is not read); integers:
+    rounded half to even, plus the zero point, clipped to the type's range; float4: plus the zero point,
+    cast (float4 always saturates)."""
+    from .converters_ops import _rint
+
+    x, scale = inputs[:2]
+    zp = inputs[2] if len(inputs) > 2 else None
+    elem, rank, axis = attrs["type"], len(shape(x)), attrs.get("axis", 1)
+    common = np.result_type(np.dtype(dtype_of(x)), np.dtype(dtype_of(scale))).name
+    q = bb.normalize(relax.op.divide(relax.op.astype(x, common), _per_axis(bb, relax.op.astype(scale, common), rank, axis)))
+    if elem in INTS:  # clipped in float: the same wherever rint(q) fits int32, ONNX's reference's domain
+        bits, signed = INTS[elem]
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        q = relax.op.astype(_rint(bb, relax.op.astype(q, "float32")), "float32")
+        if zp is not None:
+            q = relax.op.add(q, _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis))
+        q = bb.normalize(relax.op.astype(relax.op.clip(q, lo, hi), "int32"))
+    elif elem == _DT.FLOAT4E2M1 and zp is not None:
+        q = bb.normalize(relax.op.add(relax.op.astype(q, "float32"), _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis)))
+    return _cast(bb, q, _onnx_type(q), elem, bool(attrs.get("saturate", 1)))
+
+
 # --- the ONNX graph: where these types may appear, and their rewrite to storage bytes --------------------
 
 _CASTS = ("Cast", "CastLike")
+_QUANT = ("QuantizeLinear", "DequantizeLinear")
 _TYPE_ATTRS = ("to", "output_dtype", "dtype")
 
 
@@ -283,7 +344,8 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
 
 def problems(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(what, element type name) for each use of a low-precision type that ``lower`` cannot compile: any
-    node but Cast / CastLike / Constant reading or writing one, and any use inside a subgraph."""
+    node but Cast / CastLike / Constant / QuantizeLinear / DequantizeLinear (without ``precision``; blocked
+    ones are refused by ``support.REFUSALS``) reading or writing one, and any use inside a subgraph."""
     if not _mentions(model.graph):
         return []
     from .support import iter_nodes
@@ -300,9 +362,12 @@ def problems(model: onnx.ModelProto) -> list[tuple[str, str]]:
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type in (*_CASTS, "Constant"):
             continue
+        if node.op_type in _QUANT and not any(a.name == "precision" for a in node.attribute):
+            continue
         for name in [*node.input, *node.output]:
             if types.get(name) in LOWP:
-                found.append((f"'{name}' of {node.op_type} '{node.name}' (only Cast/CastLike compute on it)",
+                found.append((f"'{name}' of {node.op_type} '{node.name}' (only Cast/CastLike/QuantizeLinear/"
+                               "DequantizeLinear compute on it)",
                               _DT.DataType.Name(types[name])))
                 break
     for node in model.graph.node:  # a cast whose source type is not known cannot be lowered
@@ -314,6 +379,20 @@ def problems(model: onnx.ModelProto) -> list[tuple[str, str]]:
 
 def _storage_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t).view(STORAGE), t.name)
+
+
+def _lower_quant(node: onnx.NodeProto, types: dict[str, int]) -> None:
+    """A Quantize/DequantizeLinear to or from a low-precision type -> LowpQuantize / LowpDequantize, which
+    carry that type (``type``) since their storage-byte operands no longer say it."""
+    quantize = node.op_type == "QuantizeLinear"
+    elem = types.get(node.output[0] if quantize else node.input[0])
+    if elem not in LOWP:
+        return
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs.pop("block_size", None)
+    lowered = onnx.helper.make_node("LowpQuantize" if quantize else "LowpDequantize", list(node.input),
+                                    list(node.output), node.name, domain=DOMAIN, type=elem, **attrs)
+    node.CopyFrom(lowered)
 
 
 def lower(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -333,7 +412,11 @@ def lower(model: onnx.ModelProto) -> onnx.ModelProto:
     for k, node in enumerate(graph.node):
         if node.op_type == "Constant" and node.attribute[0].t.data_type in LOWP:
             node.attribute[0].t.CopyFrom(_storage_tensor(node.attribute[0].t))
-        if node.op_type not in _CASTS or node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in _QUANT:
+            _lower_quant(node, types)
+        if node.op_type not in _CASTS:
             continue
         src, dst = types[node.input[0]], types[node.output[0]]
         if src not in LOWP and dst not in LOWP:
@@ -347,3 +430,5 @@ def lower(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 register_converter(DOMAIN, "LowpCast", lowp_cast)
+register_converter(DOMAIN, "LowpQuantize", lowp_quantize)
+register_converter(DOMAIN, "LowpDequantize", lowp_dequantize)
