@@ -21,12 +21,13 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
+from ..errors import TvmpipeError
 from .converters_math import dtype_of
 from .converters_nn import shape
 from .registry import register_converter
 
 _DT = onnx.TensorProto
-DOMAIN = "tvmpipe.lowp"  # the domain of the LowpCast nodes ``lower`` writes
+DOMAIN = "tvmpipe.lowp"  # the domain of the nodes ``lower`` writes
 STORAGE = "uint8"
 
 
@@ -59,7 +60,6 @@ INTS: dict[int, tuple[int, bool]] = {_DT.INT4: (4, True), _DT.UINT4: (4, False),
                                      _DT.UINT2: (2, False)}  # bits, signed
 E8M0 = _DT.FLOAT8E8M0
 LOWP = {*FLOATS, *INTS, E8M0}
-ROUND_MODES = ("up", "down", "nearest")
 
 
 def dtype_name(elem: int) -> str:
@@ -158,8 +158,10 @@ def encode_e8m0(x: tirx.PrimExpr, saturate: bool, round_mode: str) -> tirx.PrimE
         up = tirx.And((u & 0x400000) != 0, tirx.Or(tirx.Or((u & 0x200000) != 0, (u & 0x1FFFFF) != 0), e > 0))
     elif round_mode == "up":
         up = (u & 0x7FFFFF) != 0
-    else:
+    elif round_mode == "down":
         up = tirx.const(False, "bool")
+    else:
+        raise TvmpipeError(f"round_mode '{round_mode}' is none of ONNX's up, down, nearest")
     if saturate:
         up = tirx.And(up, e != 0xFE)
     return tirx.Select(e == 0xFF, _i(0xFF), e + tirx.Select(up, _i(1), _i(0)))
@@ -285,7 +287,8 @@ def lowp_quantize(bb, inputs, attrs, params) -> relax.Expr:
     zp = inputs[2] if len(inputs) > 2 else None
     elem, rank, axis = attrs["type"], len(shape(x)), attrs.get("axis", 1)
     common = np.result_type(np.dtype(dtype_of(x)), np.dtype(dtype_of(scale))).name
-    q = bb.normalize(relax.op.divide(relax.op.astype(x, common), _per_axis(bb, relax.op.astype(scale, common), rank, axis)))
+    scale = _per_axis(bb, relax.op.astype(scale, common), rank, axis)
+    q = bb.normalize(relax.op.divide(relax.op.astype(x, common), scale))
     if elem in INTS:  # clipped in float: the same wherever rint(q) fits int32, ONNX's reference's domain
         bits, signed = INTS[elem]
         lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
@@ -294,7 +297,8 @@ def lowp_quantize(bb, inputs, attrs, params) -> relax.Expr:
             q = relax.op.add(q, _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis))
         q = bb.normalize(relax.op.astype(relax.op.clip(q, lo, hi), "int32"))
     elif elem == _DT.FLOAT4E2M1 and zp is not None:
-        q = bb.normalize(relax.op.add(relax.op.astype(q, "float32"), _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis)))
+        zp = _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis)
+        q = bb.normalize(relax.op.add(relax.op.astype(q, "float32"), zp))
     return _cast(bb, q, _onnx_type(q), elem, bool(attrs.get("saturate", 1)))
 
 
@@ -396,8 +400,9 @@ def _lower_quant(node: onnx.NodeProto, types: dict[str, int]) -> None:
 
 
 def lower(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` (checked by ``problems``) where low-precision values are ``uint8`` storage and
-    the casts to or from them are ``tvmpipe.lowp::LowpCast`` nodes (``lowp_cast`` converts them)."""
+    """A copy of ``model`` (checked by ``problems``) where low-precision values are ``uint8`` storage, the
+    casts to or from them ``tvmpipe.lowp::LowpCast`` nodes and the (de)quantisations LowpQuantize /
+    LowpDequantize (converted by ``lowp_cast`` / ``lowp_quantize`` / ``lowp_dequantize``)."""
     if not _mentions(model.graph):
         return model
     types = _types(model)
@@ -418,7 +423,7 @@ def lower(model: onnx.ModelProto) -> onnx.ModelProto:
             _lower_quant(node, types)
         if node.op_type not in _CASTS:
             continue
-        src, dst = types[node.input[0]], types[node.output[0]]
+        src, dst = types.get(node.input[0]), types.get(node.output[0])
         if src not in LOWP and dst not in LOWP:
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "to"}
