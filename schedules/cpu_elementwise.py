@@ -22,9 +22,11 @@ PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs m
 # Pow by repeated squaring has ~400) grow exponentially and exhaust memory in lowering. Real elementwise
 # epilogues are far shorter than this.
 MAX_BLOCKS = 32
-# Likewise one block read many times by the rest (the low-precision encoders of compiler/frontend/lowp.py
-# read their input's bits ~20 times): inlined, a float8 -> float8 cast took 15 s to compile.
-MAX_READS = 8
+# Likewise one big block read many times by the rest: inlining copies its expression into every read. The
+# low-precision encoders of compiler/frontend/lowp.py read their input 60 times; a float8 decode of ~100
+# nodes copied into each took 15 s to compile. (Measured: GPT-2's tanh-GELU copies 19 x 19 nodes, a float32
+# -> float8 cast 60 x 9, a float8 -> float8 cast 60 x 97.)
+MAX_COPIED = 2000  # expression nodes
 
 
 class CpuElementwise(ScheduleRule):
@@ -42,7 +44,8 @@ class CpuElementwise(ScheduleRule):
         if not blocks or len(blocks) > MAX_BLOCKS or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
             return None
         for block in blocks[:-1]:
-            if any(_reads(func.body, buf.source) > MAX_READS for buf in sch.get(block).writes):
+            if any(_reads(func.body, buf.source) * _size(sch.get(block).body) > MAX_COPIED
+                   for buf in sch.get(block).writes):
                 return None
             try:
                 sch.compute_inline(block)
@@ -92,6 +95,18 @@ def _reads(node, buffer) -> int:
         count += load.source.same_as(buffer)
 
     tvm_ffi.structural_walk(node, [(tvm.ir.expr.TensorLoad, visit)], order="post")
+    return count
+
+
+def _size(node) -> int:
+    """Expression nodes under ``node``."""
+    count = 0
+
+    def visit(_) -> None:
+        nonlocal count
+        count += 1
+
+    tvm_ffi.structural_walk(node, [(tvm.ir.expr.Expr, visit)], order="post")
     return count
 
 
