@@ -5,7 +5,8 @@
 
 Each test is written to disk (model.onnx) and compiled for the ``cpu`` target with the pipeline's own
 ``compile_model`` (input shapes bound from the test data), loaded with ``compiler.runtime.load`` and run;
-outputs are compared at rtol 1e-3 / atol 1e-4 with NaN == NaN, equal shapes and dtypes. Tests run in a
+outputs are compared at rtol 1e-3 / atol 1e-4 with NaN == NaN (one-byte float8/float4/int4 types exactly),
+equal shapes and dtypes. Tests run in a
 small pool of persistent worker processes (TVM is imported once per worker, not per test); a worker
 that hangs past the timeout or crashes is killed and replaced, and the test is recorded as run_fail.
 
@@ -90,6 +91,9 @@ def _compare(ours: np.ndarray, ref) -> str | None:
         return f"dtype {ours.dtype}, expected {ref.dtype}"
     if ref.dtype.kind in "biuSUO":
         ok = ours == ref
+    elif ref.dtype.itemsize == 1:  # float8/float4/int4/int2 (ml_dtypes): exactly, NaN == NaN
+        a, b = ours.astype(np.float64), ref.astype(np.float64)
+        ok = (a == b) | (np.isnan(a) & np.isnan(b))
     else:  # float16/32/64 and bfloat16 (ml_dtypes)
         # A 16-bit result may legitimately differ from the reference by rounding order (fused kernels round
         # once, the reference after every op): allow 2 units of its last place where that exceeds RTOL.

@@ -106,6 +106,19 @@ class KernelTime:
     ms: float
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """A manifest dtype as numpy's: bfloat16, float8_e4m3fn, int4 ... are ml_dtypes' (which TVM's runtime
+    imports, registering their names with numpy)."""
+    import ml_dtypes  # noqa: F401
+
+    return np.dtype(name)
+
+
+def _as_spec(a: np.ndarray, spec: dict) -> np.ndarray:
+    """An output as the manifest's dtype: a low-precision one comes back as its storage bytes."""
+    return a.view(numpy_dtype(spec["dtype"])) if "storage" in spec else a
+
+
 class Runner:
     """A loaded package: ``runner(**arrays) -> {output name: array}``."""
 
@@ -159,7 +172,10 @@ class Runner:
                 problems.append(f"input '{spec['name']}' holds {a[tuple(where)]} at {list(map(int, where))}, outside "
                                 f"[{lo}, {hi}], the indices that {spec['index_of']} can read")
             else:
-                args.append(tvm.runtime.tensor(np.require(a, requirements="C"), self.device))  # keeps 0-d arrays 0-d
+                a = np.require(a, requirements="C")
+                if "storage" in spec:  # float8/int4 ...: the compiled code reads the storage bytes
+                    a = a.view(spec["storage"])
+                args.append(tvm.runtime.tensor(a, self.device))  # keeps 0-d arrays 0-d
         if problems:
             expected = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs) or "no inputs"
             raise TvmpipeError(f"{'; '.join(problems)} (the package expects {expected})")
@@ -187,7 +203,7 @@ class Runner:
 
     def _collect(self, result) -> dict[str, np.ndarray]:
         items = list(result) if len(self.outputs) > 1 else [result]
-        return {spec["name"]: item.numpy() for spec, item in zip(self.outputs, items)}
+        return {spec["name"]: _as_spec(item.numpy(), spec) for spec, item in zip(self.outputs, items)}
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self._collect(self._vm["main"](*self._arguments(arrays)))
@@ -240,7 +256,7 @@ class Runner:
         rng = np.random.default_rng(seed)
         out = {}
         for spec in self.inputs:
-            dt = np.dtype(spec["dtype"])
+            dt = numpy_dtype(spec["dtype"])
             if dt.kind == "f":
                 out[spec["name"]] = rng.standard_normal(spec["shape"]).astype(dt)
             elif dt.kind == "b":

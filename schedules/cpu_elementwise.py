@@ -9,6 +9,7 @@ so there is no tail) and spread over the cores.
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
@@ -22,6 +23,11 @@ PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs m
 # Pow by repeated squaring has ~400) grow exponentially and exhaust memory in lowering. Real elementwise
 # epilogues are far shorter than this.
 MAX_BLOCKS = 32
+# Likewise one big block read many times by the rest: inlining copies its expression into every read. The
+# low-precision encoders of compiler/frontend/lowp.py read their input 60 times; a float8 decode of ~100
+# nodes copied into each took 15 s to compile. (Measured: GPT-2's tanh-GELU copies 19 x 19 nodes, a float32
+# -> float8 cast 60 x 9, a float8 -> float8 cast 60 x 97.)
+MAX_COPIED = 2000  # expression nodes
 
 
 class CpuElementwise(ScheduleRule):
@@ -41,6 +47,9 @@ class CpuElementwise(ScheduleRule):
         outputs = list(func.params)  # the buffers of the kernel's arguments
         loop_nests = []  # the blocks that write an output (a Split writes several); the rest is inlined
         for block in blocks[:-1]:
+            if any(_reads(func.body, buf.source) * _size(sch.get(block).body) > MAX_COPIED
+                   for buf in sch.get(block).writes):
+                return None
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:
@@ -89,3 +98,27 @@ NO_VECTOR_LOWERING = {"cosh", "sinh"}
 def _calls(func: tirx.PrimFunc, ops: set[str]) -> bool:
     """Whether ``func`` calls one of ``ops`` (names without their namespace: "tirx.cosh", "prim.if_then_else")."""
     return any_node(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)
+
+
+def _reads(node, buffer) -> int:
+    """How many loads of ``buffer`` the code under ``node`` holds (each a copy of its expression, inlined)."""
+    count = 0
+
+    def visit(load) -> None:
+        nonlocal count
+        count += load.source.same_as(buffer)
+
+    tvm_ffi.structural_walk(node, [(tvm.ir.expr.TensorLoad, visit)], order="post")
+    return count
+
+
+def _size(node) -> int:
+    """Expression nodes under ``node``."""
+    count = 0
+
+    def visit(_) -> None:
+        nonlocal count
+        count += 1
+
+    tvm_ffi.structural_walk(node, [(tvm.ir.expr.Expr, visit)], order="post")
+    return count

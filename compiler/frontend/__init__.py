@@ -18,7 +18,7 @@ import onnx
 
 from ..errors import TvmpipeError
 from . import attention_op, clip, resize, rnn  # noqa: F401  (register Attention, Clip, Resize, LSTM/GRU/RNN)
-from . import converters_layout, converters_math, converters_nn, converters_ops  # noqa: F401  (our converters)
+from . import converters_layout, converters_math, converters_nn, converters_ops, lowp  # noqa: F401  (our converters)
 from .importer import import_model, is_supported, qualified_op
 from .onnx_clean import BoundInput, TensorSpec, bind_shapes, bind_values, clean, index_ranges, parse_shape_arg, read_model
 from .support import Unsupported, check, iter_nodes, opset_of
@@ -60,7 +60,11 @@ def _outputs(mod, graph: onnx.GraphProto, path: str) -> list[TensorSpec]:
             raise Unsupported(
                 f"{path}: output '{out.name}' has a data-dependent shape {ty.shape}; tvmpipe compiles static shapes only"
             ) from None
-        specs.append(TensorSpec(out.name, shape, str(ty.dtype)))
+        elem = out.type.tensor_type.elem_type
+        if elem in lowp.LOWP:  # computed as its storage byte: the manifest names the ONNX type
+            specs.append(TensorSpec(out.name, shape, lowp.dtype_name(elem), storage=str(ty.dtype)))
+        else:
+            specs.append(TensorSpec(out.name, shape, str(ty.dtype)))
     return specs
 
 
@@ -82,9 +86,8 @@ def load(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # renamed-input and checker chatter from the upstream importer
         try:
-            mod = import_model(
-                model, opset, {s.name: list(s.shape) for s in inputs}, {s.name: s.dtype for s in inputs}
-            )
+            mod = import_model(lowp.lower(model), opset, {s.name: list(s.shape) for s in inputs},
+                               {s.name: s.storage or s.dtype for s in inputs})
         except TvmpipeError as err:
             raise type(err)(f"{path}: {err}") from err
         except Exception as err:

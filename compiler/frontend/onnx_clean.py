@@ -20,7 +20,8 @@ from google.protobuf.message import DecodeError
 
 from ..errors import TvmpipeError
 from ..package import array_digest
-from .support import Unsupported
+from . import lowp
+from .support import Unsupported, iter_nodes
 from .unroll import unroll_loops
 
 
@@ -34,9 +35,12 @@ class TensorSpec:
     dtype: str
     index_range: tuple[int, int] | None = None  # inclusive
     index_of: str = ""  # the node(s) that gather with it
+    storage: str | None = None  # a low-precision dtype (float8_e4m3fn, int4 ...) travels as this, a byte each
 
     def to_json(self) -> dict:
         out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.storage is not None:
+            out["storage"] = self.storage
         if self.index_range is not None:
             out |= {"index_range": list(self.index_range), "index_of": self.index_of}
         return out
@@ -231,7 +235,8 @@ def bind_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> l
             tt.ClearField("shape")
             for g in shape:
                 tt.shape.dim.add().dim_value = g
-        specs.append(TensorSpec(vi.name, shape, dtype))
+        storage = lowp.STORAGE if vi.type.tensor_type.elem_type in lowp.LOWP else None
+        specs.append(TensorSpec(vi.name, shape, dtype, storage=storage))
         if 0 in shape:
             _read_as_constant(model.graph, vi.name, np.zeros(shape, dtype))
     return specs
@@ -344,6 +349,32 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     return ir.serde.serialize_model(m)
 
 
+def _castlike_to_cast(model: onnx.ModelProto) -> None:
+    """Rewrite each CastLike that sets ``saturate`` or ``round_mode`` as the Cast it stands for, keeping them:
+    onnxscript's optimiser makes the Cast itself but drops both (a saturate=0 float8 cast would then
+    saturate). The target type is the ``like`` input's, from shape inference; unknown, the node is left."""
+    if not any(n.op_type == "CastLike" and n.attribute for n in iter_nodes(model.graph)):
+        return
+    inferred = onnx.shape_inference.infer_shapes(model)
+
+    def rewrite(graph: onnx.GraphProto, inferred_graph: onnx.GraphProto) -> None:
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in
+                 [*inferred_graph.input, *inferred_graph.value_info, *inferred_graph.output]
+                 if vi.type.HasField("tensor_type")}
+        types.update({t.name: t.data_type for t in inferred_graph.initializer})
+        for node, twin in zip(graph.node, inferred_graph.node):
+            for attr, inferred_attr in zip(node.attribute, twin.attribute):
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    rewrite(attr.g, inferred_attr.g)
+            if node.op_type == "CastLike" and node.domain in ("", "ai.onnx") and node.attribute \
+                    and types.get(node.input[1]):
+                attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                node.CopyFrom(onnx.helper.make_node("Cast", node.input[:1], node.output, node.name,
+                                                    to=types[node.input[1]], **attrs))
+
+    rewrite(model.graph, inferred.graph)
+
+
 def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
     folder_log = logging.getLogger("onnxscript.optimizer._constant_folding")
     level = folder_log.level
@@ -365,6 +396,7 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference + constant folding + If/function inlining with onnxscript's optimiser; Scans and Loops
     of static length unrolled (``unroll``), then optimised again."""
     _normalize_constants(model.graph)
+    _castlike_to_cast(model)
     # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
     del model.graph.value_info[:]
     model = _optimized(model)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import onnx
 
 from ..errors import TvmpipeError
+from . import lowp
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -219,12 +220,10 @@ def _graph_input_names(model: onnx.ModelProto) -> set[str]:
 
 
 _DT = onnx.TensorProto
-# Element types TVM's CPU/CUDA code cannot compute exactly (no saturating float8/float4 casts, no sub-byte
-# integer packing, no strings or complex numbers): any tensor of these types is refused.
-UNSUPPORTED_TYPES = {
-    _DT.FLOAT8E4M3FN, _DT.FLOAT8E4M3FNUZ, _DT.FLOAT8E5M2, _DT.FLOAT8E5M2FNUZ, _DT.FLOAT8E8M0, _DT.FLOAT4E2M1,
-    _DT.INT4, _DT.UINT4, _DT.INT2, _DT.UINT2, _DT.STRING, _DT.COMPLEX64, _DT.COMPLEX128,
-}
+# Element types TVM's CPU/CUDA code cannot compute exactly (strings, complex numbers): any tensor of these
+# types is refused. The low-precision ones (float8/float4/int4/int2) are refused only where ``lowp`` cannot
+# compile them exactly (anything but Cast / CastLike).
+UNSUPPORTED_TYPES = {_DT.STRING, _DT.COMPLEX64, _DT.COMPLEX128}
 
 
 def dtype_problems(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -247,7 +246,7 @@ def dtype_problems(model: onnx.ModelProto) -> list[tuple[str, str]]:
                 note(f"the {attr.name} of {node.op_type} '{node.name}'", attr.i)
             elif attr.type == onnx.AttributeProto.TENSOR:
                 note(f"the {attr.name} of {node.op_type} '{node.name}'", attr.t.data_type)
-    return found
+    return found + lowp.problems(model)
 
 
 def opset_of(model: onnx.ModelProto, domain: str) -> int:
