@@ -21,6 +21,8 @@ MIN_COLS = 32  # shorter rows: the vector partial sums and their final add do no
 
 
 class CpuRowReduction(ScheduleRule):
+    """Row-reduction kernels (see the module docstring) of float32 / float16, on LLVM CPUs."""
+
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
@@ -44,7 +46,7 @@ class CpuRowReduction(ScheduleRule):
                     partials.append(sch.rfactor(vec, factor_axis=len(sch.get(block).writes[0].region)))
             blocks = sch.get_child_blocks(get_root_block(sch))
             row = sch.fuse(*sch.get_loops(blocks[-1])[:n_rows])
-            sch.parallel(row)  # now: with the reductions under it, TVM's dataflow check refuses it
+            sch.parallel(row)  # before compute_at: with the reductions under it TVM refuses to parallelise
             for block in reversed(blocks[:-1]):  # consumers first, so each producer lands under ``row``
                 sch.compute_at(block, row, preserve_unit_loops=True)
             for block in partials:  # lanes partial sums in one vector register
