@@ -10,7 +10,6 @@ vector registers; ``exp`` is a vectorisable polynomial.
 
 from __future__ import annotations
 
-
 import tvm
 from tvm.script import tirx as T
 from tvm.target import codegen

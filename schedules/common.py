@@ -67,13 +67,18 @@ def padded_conv_input(data: te.Tensor, kh: int, kw: int, strides, padding, dilat
     return data, (oh, ow), (sh, sw), (dh, dw)
 
 
-def any_node(node, kind: type, pred) -> bool:
-    """Whether a ``kind`` node under ``node`` (a TIR statement or expression) satisfies ``pred``."""
-    found = False
+def count_nodes(node, kind: type, pred: Callable | None = None) -> int:
+    """How many ``kind`` nodes under ``node`` (a TIR statement or expression) satisfy ``pred`` (all if None)."""
+    count = 0
 
     def visit(n) -> None:
-        nonlocal found
-        found = found or bool(pred(n))
+        nonlocal count
+        count += pred is None or bool(pred(n))
 
     tvm_ffi.structural_walk(node, [(kind, visit)], order="post")
-    return found
+    return count
+
+
+def any_node(node, kind: type, pred: Callable) -> bool:
+    """Whether a ``kind`` node under ``node`` satisfies ``pred``."""
+    return count_nodes(node, kind, pred) > 0

@@ -9,13 +9,12 @@ so there is no tail) and spread over the cores.
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import any_node, largest_divisor, vector_shape
+from .common import any_node, count_nodes, largest_divisor, vector_shape
 
 
 PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs more than it saves
@@ -47,8 +46,9 @@ class CpuElementwise(ScheduleRule):
         outputs = list(func.params)  # the buffers of the kernel's arguments
         loop_nests = []  # the blocks that write an output (a Split writes several); the rest is inlined
         for block in blocks[:-1]:
-            if any(_reads(func.body, buf.source) * _size(sch.get(block).body) > MAX_COPIED
-                   for buf in sch.get(block).writes):
+            size = count_nodes(sch.get(block).body, tvm.ir.expr.Expr)
+            if any(count_nodes(func.body, tvm.ir.expr.TensorLoad, lambda load: load.source.same_as(buf.source)) * size
+                   > MAX_COPIED for buf in sch.get(block).writes):  # each load of it becomes a copy, inlined
                 return None
             try:
                 sch.compute_inline(block)
@@ -56,9 +56,9 @@ class CpuElementwise(ScheduleRule):
                 if not any(sch.get(block).writes[0].source.same_as(out) for out in outputs):
                     return None
                 loop_nests.append(block)
-        vectorize = not _calls(func, NO_VECTOR_LOWERING)
+        vectorize, widest = not _calls(func, NO_VECTOR_LOWERING), vector_shape(target, "float32")[0]
         for block in [*loop_nests, blocks[-1]]:
-            if not _parallel_vectors(sch, block, vector_shape(target, "float32")[0], vectorize):
+            if not _parallel_vectors(sch, block, widest, vectorize):
                 return None
         return sch
 
@@ -98,27 +98,3 @@ NO_VECTOR_LOWERING = {"cosh", "sinh"}
 def _calls(func: tirx.PrimFunc, ops: set[str]) -> bool:
     """Whether ``func`` calls one of ``ops`` (names without their namespace: "tirx.cosh", "prim.if_then_else")."""
     return any_node(func.body, tvm.ir.expr.Call, lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.split(".")[-1] in ops)
-
-
-def _reads(node, buffer) -> int:
-    """How many loads of ``buffer`` the code under ``node`` holds (each a copy of its expression, inlined)."""
-    count = 0
-
-    def visit(load) -> None:
-        nonlocal count
-        count += load.source.same_as(buffer)
-
-    tvm_ffi.structural_walk(node, [(tvm.ir.expr.TensorLoad, visit)], order="post")
-    return count
-
-
-def _size(node) -> int:
-    """Expression nodes under ``node``."""
-    count = 0
-
-    def visit(_) -> None:
-        nonlocal count
-        count += 1
-
-    tvm_ffi.structural_walk(node, [(tvm.ir.expr.Expr, visit)], order="post")
-    return count

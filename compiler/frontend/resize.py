@@ -21,7 +21,7 @@ from .converters_math import dtype_of, is_float
 from .converters_nn import rank, shape
 from .converters_ops import _rint
 from .registry import register_converter
-from .support import REFUSALS, _attr
+from .support import REFUSALS, attr
 
 op = relax.op
 Coeffs = Callable[[float, float], np.ndarray]  # (ratio in (0, 1], scale) -> weights of the window
@@ -224,7 +224,7 @@ def upsample(bb, inputs, attrs, params) -> relax.Expr:
 
 
 def _refusal(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
-    if _attr(node, "antialias", 0) and _attr(node, "mode", "nearest") == "nearest":
+    if attr(node, "antialias", 0) and attr(node, "mode", "nearest") == "nearest":
         return "antialias=1 is undefined for mode='nearest'"
     return None
 

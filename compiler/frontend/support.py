@@ -83,7 +83,8 @@ def _training_mode(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
     return None
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
+def attr(node: onnx.NodeProto, name: str, default=None):
+    """A node attribute's value (strings decoded), or ``default``."""
     for a in node.attribute:
         if a.name == name:
             value = onnx.helper.get_attribute_value(a)
@@ -92,7 +93,7 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 
 def _roialign(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
-    if _attr(node, "mode", "avg") == "max":
+    if attr(node, "mode", "avg") == "max":
         return "mode='max' is computed differently by the Relax converter (ONNX takes the max of weighted samples)"
     return None
 
@@ -104,7 +105,7 @@ def _maxpool(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
 
 
 def _blocked(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
-    return "blocked quantization (block_size > 0) is not supported" if _attr(node, "block_size", 0) else None
+    return "blocked quantization (block_size > 0) is not supported" if attr(node, "block_size", 0) else None
 
 
 REFUSALS: dict[str, Refusal] = {
@@ -158,9 +159,9 @@ def _input_role(node: onnx.NodeProto, k: int, opset: int) -> str:
         return f"input {k}"
 
 
-def _source_inputs(graph: onnx.GraphProto, name: str, inputs: set[str]) -> list[str]:
-    """The graph inputs whose elements the value ``name`` is computed from (shape-only uses not followed)."""
-    producers = {out: node for node in graph.node for out in node.output}
+def _source_inputs(producers: dict[str, onnx.NodeProto], name: str, inputs: set[str]) -> list[str]:
+    """The graph inputs whose elements the value ``name`` is computed from (shape-only uses not followed);
+    ``producers``: value name -> the node that computes it."""
     found, seen, todo = set(), set(), [name]
     while todo:
         value = todo.pop()
@@ -197,10 +198,12 @@ def runtime_constant_problems(model: onnx.ModelProto,
     opset = opset_of(model, "")
     consts = constant_names(model.graph)
     problems = []
+    producers = {out: node for node in model.graph.node for out in node.output}
+    model_inputs = _graph_input_names(model)
     for node in model.graph.node:
         for k in CONSTANT_INPUTS.get(node.op_type, ()) if node.domain in ONNX_DOMAINS else ():
             if k < len(node.input) and node.input[k] and node.input[k] not in consts:
-                sources = _source_inputs(model.graph, node.input[k], _graph_input_names(model))
+                sources = _source_inputs(producers, node.input[k], model_inputs)
                 problems.append((node, f"its {_input_role(node, k, opset)} ('{node.input[k]}') must be a constant, "
                                        f"but it is computed at run time (tvmpipe compiles static shapes){_bind_hint(sources)}",
                                  sources))

@@ -20,7 +20,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from .support import ONNX_DOMAINS, opset_of
+from .support import ONNX_DOMAINS, attr, opset_of
 
 # Expanded, these would only move the refusal to the random op of their body.
 _RANDOM = {"Bernoulli"}
@@ -97,11 +97,6 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     return shapes
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    a = next((a for a in node.attribute if a.name == name), None)
-    return default if a is None else helper.get_attribute_value(a)
-
-
 def _no_subgraphs(body: onnx.GraphProto) -> bool:
     return not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                    for n in body.node for a in n.attribute)
@@ -109,10 +104,10 @@ def _no_subgraphs(body: onnx.GraphProto) -> bool:
 
 def _scan_length(node: onnx.NodeProto, shapes: dict, opset: int) -> int | None:
     """The scan length if this Scan can be unrolled, else None."""
-    if opset < 9 or not _no_subgraphs(_attr(node, "body")):
+    if opset < 9 or not _no_subgraphs(attr(node, "body")):
         return None
-    m = _attr(node, "num_scan_inputs")
-    axes = _attr(node, "scan_input_axes", [0] * m)
+    m = attr(node, "num_scan_inputs")
+    axes = attr(node, "scan_input_axes", [0] * m)
     dims = shapes.get(node.input[len(node.input) - m])
     if not dims or dims[axes[0] % len(dims)] in (None, 0):
         return None
@@ -127,7 +122,7 @@ def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
 def _loop_length(node: onnx.NodeProto, graph: onnx.GraphProto) -> int | None:
     """The trip count if this Loop runs exactly that many times: a constant count, a constant true (or no)
     condition, and a body that passes the condition through unchanged; else None."""
-    body = _attr(node, "body")
+    body = attr(node, "body")
     if not node.input[0] or not _no_subgraphs(body):
         return None
     count = _constant(graph, node.input[0])
@@ -189,14 +184,14 @@ class _Unroller:
 
 
 def _unroll_scan(node: onnx.NodeProto, length: int, opset: int, uid: str) -> _Unroller:
-    body = _attr(node, "body")
-    m = _attr(node, "num_scan_inputs")
+    body = attr(node, "body")
+    m = attr(node, "num_scan_inputs")
     n_state = len(node.input) - m
-    in_axes = _attr(node, "scan_input_axes", [0] * m)
-    in_rev = _attr(node, "scan_input_directions", [0] * m)
+    in_axes = attr(node, "scan_input_axes", [0] * m)
+    in_rev = attr(node, "scan_input_directions", [0] * m)
     k_out = len(body.output) - n_state
-    out_axes = _attr(node, "scan_output_axes", [0] * k_out)
-    out_rev = _attr(node, "scan_output_directions", [0] * k_out)
+    out_axes = attr(node, "scan_output_axes", [0] * k_out)
+    out_rev = attr(node, "scan_output_directions", [0] * k_out)
     u = _Unroller(body, opset, uid)
     state = list(node.input[:n_state])
     steps: list[list[str]] = [[] for _ in range(k_out)]
@@ -219,7 +214,7 @@ def _unroll_scan(node: onnx.NodeProto, length: int, opset: int, uid: str) -> _Un
 
 
 def _unroll_loop(node: onnx.NodeProto, length: int, opset: int, uid: str) -> _Unroller:
-    body = _attr(node, "body")
+    body = attr(node, "body")
     n_carried = len(node.input) - 2
     u = _Unroller(body, opset, uid)
     cond = node.input[1] if len(node.input) > 1 and node.input[1] else u.const(f"{uid}_true", True, np.bool_)
