@@ -206,7 +206,7 @@ def build(out: Path) -> None:
 # ---------------------------------------------------------------- GPU run (TVM runtime + torch only)
 
 
-def _gpu_bench(fn, reps: int) -> float:
+def gpu_bench(fn, reps: int) -> float:
     """Median ms of ``fn`` on the current stream, L2 flushed before each call (triton's do_bench method)."""
     import torch
 
@@ -265,7 +265,7 @@ def run(out: Path) -> None:
                 xt, yt = tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y)
                 nbytes = 2 * x.numel() * x.element_size()
                 reps = max(5, min(100, int(2e10 / nbytes)))
-                copy_tbps = nbytes / _gpu_bench(lambda: y.copy_(x), reps) / 1e9
+                copy_tbps = nbytes / gpu_bench(lambda: y.copy_(x), reps) / 1e9
                 timed = [  # (impl, schedule, fn returning the output)
                     (c["impl"], c.get("plan") or c.get("schedule", "?"), lambda f=lib[c["name"]]: (f(xt, yt), y)[1])
                     for c in cases if not c["check"] and (c["rows"], c["cols"], c["dtype"]) == (rows, cols, dt)
@@ -275,7 +275,7 @@ def run(out: Path) -> None:
                     timed.append(("seed-naive", "one block per row", lambda: (seed(x, y), y)[1]))
                 for impl, schedule, fn in timed:
                     y.fill_(float("nan"))
-                    ms = _gpu_bench(fn, 5 if impl == "seed-naive" else reps)
+                    ms = gpu_bench(fn, 5 if impl == "seed-naive" else reps)
                     err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
                     record = {
                         "impl": "tvmpipe-variant" if impl == "variant" else impl, "dtype": dt, "rows": rows,

@@ -2,7 +2,8 @@
 ``apply(func, target, tunable) -> Schedule | None``.
 
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules: the kernels we
-write ourselves (softmax, attention) first, then the CPU defaults for what TVM would leave unscheduled, and GPU kernels DLight schedules badly.
+write ourselves (softmax, attention) first, then the CPU defaults for what TVM would leave unscheduled, and GPU kernels DLight schedules badly
+(depthwise convolutions, tensor-core GEMMs).
 """
 
 from . import attention, cpu_conv2d, gpu_conv2d, softmax
@@ -14,6 +15,7 @@ from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul, legalize_matmul
 from .cpu_row_reduction import CpuRowReduction
 from .gpu_depthwise import GpuDepthwise
+from .gpu_matmul import GpuMatmul
 
 RULES: list = [
     softmax.Softmax(),
@@ -21,6 +23,7 @@ RULES: list = [
     CpuConv2d(),
     CpuDepthwise(),
     GpuDepthwise(),
+    GpuMatmul(),
     CpuMatmul(),
     CpuRowReduction(),
     CpuElementwise(),

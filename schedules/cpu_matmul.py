@@ -13,7 +13,8 @@ fused prologue/epilogue (bias, GELU, residual add, ...) stays in the same kernel
 
 Where J is not a multiple of the vector width, or I has no divisor that fills the tile (ViT's 197
 tokens), ``pad_einsum`` pads them; the padded operands are then copied once per call (B K-major). A constant
-weight of such a width is padded at compile time instead, by ``legalize_matmul``.
+weight of such a width is padded at compile time instead, by ``legalize_matmul`` (which does the same for
+the CUDA tensor-core GEMM).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from .common import compiling_for_cpu, largest_divisor, register_tile, vector_shape
+from .common import largest_divisor, register_tile, vector_shape
+from .gpu_matmul import MMA_DTYPES, chunk
 
 PAD_N = 64  # four AVX-512 vectors of fp32
 
@@ -144,25 +146,34 @@ class CpuMatmul(ScheduleRule):
         sch.transform_block_layout(main, matmul_map)
 
 
-def _dense(a: te.Tensor, w: te.Tensor) -> te.Tensor:
-    """a[..., K] @ w[K, N]."""
+def _dense(a: te.Tensor, w: te.Tensor, out_dtype: str) -> te.Tensor:
+    """a[..., K] @ w[K, N], accumulated in ``out_dtype``."""
     r = te.reduce_axis((0, w.shape[0]), "k")
     return te.compute(
-        (*a.shape[:-1], w.shape[1]), lambda *i: te.sum(a[(*i[:-1], r)] * w[r, i[-1]], axis=r), name="matmul"
+        (*a.shape[:-1], w.shape[1]),
+        lambda *i: te.sum(a[(*i[:-1], r)].astype(out_dtype) * w[r, i[-1]].astype(out_dtype), axis=r),
+        name="matmul",
     )
 
 
 def legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
-    """x @ W with a constant W whose N is not a multiple of 64 (GPT-2's 50257-wide LM head): pad W once,
-    at compile time (FoldConstant), multiply over the padded width, keep the first N columns. Without
-    this the rule pads a copy of W on every call."""
-    weight = call.args[1]
-    if not compiling_for_cpu() or not isinstance(weight, tvm.ir.expr.Constant) or len(weight.ty.shape) != 2:
+    """x @ W with a constant W whose N does not fill the kernel's column tiles (GPT-2's 50257-wide LM head):
+    pad W once, at compile time (FoldConstant), multiply over the padded width, keep the first N columns.
+    CPU, fp32: to a multiple of 64 (without this the rule pads a copy of W on every call); CUDA: to 16-byte rows,
+    which the tensor-core GEMM (``gpu_matmul``) copies with ``cp.async``."""
+    weight, target = call.args[1], Target.current(allow_none=True)
+    if target is None or not isinstance(weight, tvm.ir.expr.Constant) or len(weight.ty.shape) != 2:
+        return None
+    if target.kind.name == "llvm" and str(call.ty.dtype) == "float32":
+        pad = PAD_N
+    elif target.kind.name == "cuda" and str(weight.ty.dtype) in MMA_DTYPES:
+        pad = chunk(str(weight.ty.dtype))
+    else:
         return None
     n = int(weight.ty.shape[1])
-    if n % PAD_N == 0 or n < PAD_N or call.ty.dtype != "float32":
+    if n % pad == 0 or n < pad:
         return None
-    padded = bb.emit_te(lambda w: topi.nn.pad(w, [0, 0], [0, -n % PAD_N]), weight, primfunc_name_hint="weight_pad")
-    full = bb.emit_te(_dense, call.args[0], padded, primfunc_name_hint="matmul")
+    padded = bb.emit_te(lambda w: topi.nn.pad(w, [0, 0], [0, -n % pad]), weight, primfunc_name_hint="weight_pad")
+    full = bb.emit_te(_dense, call.args[0], padded, call.ty.dtype, primfunc_name_hint="matmul")
     begin, end = [0] * len(call.ty.shape), [int(d) for d in call.ty.shape]
     return bb.call_te(topi.strided_slice, full, begin, end, primfunc_name_hint="slice")

@@ -3,8 +3,10 @@
 DLight has no convolution rule for CUDA: TVM's direct NCHW conv falls to ``dlight:Fallback`` (one thread
 per output element, no tiling), orders of magnitude off cuDNN, and the TVM wheel has no cuDNN. Here the
 legalisation writes the patches out (``im2col``: one memory-bound pass, cheap at HBM speed) and the conv
-becomes ``out[n, oc, p] = sum_r W[oc, r] * col[n, r, p]``, a batched matmul whose fused epilogue (bias,
-ReLU, residual add) DLight's ``Matmul`` schedules like any other.
+becomes ``out[n, oc, p] = sum_r W[oc, r] * col[n, p, r]``, a batched matmul for the tensor-core GEMM
+(``gpu_matmul``; DLight's ``Matmul`` where that does not apply). The patches are written pixel-major, ``r``
+contiguous, so that the GEMM needs only ``r`` (not the pixel count, 49 in ResNet's last stage) to fill
+16-byte rows.
 """
 
 from __future__ import annotations
@@ -16,24 +18,24 @@ from .common import padded_conv_input
 
 
 def _im2col(data: te.Tensor, kh: int, kw: int, strides, padding, dilation) -> te.Tensor:
-    """col[n, (ic, ky, kx), (y, x)] = padded input under each output pixel."""
+    """col[n, (y, x), (ic, ky, kx)] = padded input under each output pixel."""
     n, ic = (int(d) for d in data.shape[:2])
     data, (oh, ow), (sh, sw), (dh, dw) = padded_conv_input(data, kh, kw, strides, padding, dilation)
     oh, ow = int(oh), int(ow)
     return te.compute(
-        (n, ic * kh * kw, oh * ow),
-        lambda b, r, p: data[b, r // (kh * kw), p // ow * sh + r // kw % kh * dh, p % ow * sw + r % kw * dw],
+        (n, oh * ow, ic * kh * kw),
+        lambda b, p, r: data[b, r // (kh * kw), p // ow * sh + r // kw % kh * dh, p % ow * sw + r % kw * dw],
         name="im2col",
     )
 
 
-def _gemm(weight: te.Tensor, col: te.Tensor, out_dtype: str) -> te.Tensor:
-    oc, n_r = int(weight.shape[0]), int(col.shape[1])
-    w = topi.reshape(weight, (oc, n_r))
+def _gemm(w: te.Tensor, col: te.Tensor, out_dtype: str) -> te.Tensor:
+    """out[n, oc, p] = sum_r w[oc, r] * col[n, p, r] (``w``: the weight as a matrix)."""
+    oc, n_r = (int(d) for d in w.shape)
     r = te.reduce_axis((0, n_r), "r")
     return te.compute(
-        (col.shape[0], oc, col.shape[2]),
-        lambda b, o, p: te.sum(w[o, r].astype(out_dtype) * col[b, r, p].astype(out_dtype), axis=r),
+        (col.shape[0], oc, col.shape[1]),
+        lambda b, o, p: te.sum(w[o, r].astype(out_dtype) * col[b, p, r].astype(out_dtype), axis=r),
         name="conv2d_gemm",
     )
 
@@ -48,5 +50,9 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | No
     _, _, kh, kw = (int(d) for d in call.args[1].ty.shape)
     out_dtype = call.ty.dtype
     col = bb.emit_te(_im2col, call.args[0], kh, kw, a.strides, a.padding, a.dilation, primfunc_name_hint="im2col")
-    gemm = bb.emit_te(_gemm, call.args[1], col, out_dtype, primfunc_name_hint="conv2d_gemm")
+    # the weight as a matrix, outside the GEMM's function: folded at compile time for a constant weight, so the
+    # GEMM reads w[oc, r] directly (the tensor-core kernel needs A's rows contiguous)
+    oc = int(call.args[1].ty.shape[0])
+    w = bb.emit(relax.op.reshape(call.args[1], (oc, -1)))
+    gemm = bb.emit_te(_gemm, w, col, out_dtype, primfunc_name_hint="conv2d_gemm")
     return bb.call_te(topi.reshape, gemm, [int(d) for d in call.ty.shape], primfunc_name_hint="reshape")

@@ -37,6 +37,7 @@ PRELUDE = r"""
 #define uint unsigned int
 #define uchar unsigned char
 typedef _Float16 half;
+static inline half __float2half_rn(float f) { return (half)f; }
 struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
   uint16_t bits;
   nv_bfloat16() = default;
@@ -111,6 +112,32 @@ template <typename T> static void emu_mma(float** d, const unsigned* a, const un
     int row = g + r / 2 * 8, col = 2 * q + r % 2;
     float acc = C[row][col];
     for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    *d[r] = acc;
+  }
+}
+// mma.m16n8k8.row.col.f32.tf32.tf32.f32: A regs hold (g, t), (g+8, t), (g, t+4), (g+8, t+4); B regs k (t, t+4) of
+// column g; C/D as m16n8k16. A tf32 operand is its fp32 register with the low 13 mantissa bits ignored.
+static float emu_tf32(uint32_t reg) { reg &= 0xFFFFE000u; float f; std::memcpy(&f, &reg, 4); return f; }
+static void emu_mma_tf32(float** d, const unsigned* a, const unsigned* b, const float* c) {
+  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  std::memcpy(&emu_slots[t][0], a, 16); std::memcpy(&emu_slots[t][4], b, 8); std::memcpy(&emu_slots[t][6], c, 16);
+  warp_sync();
+  float A[16][8], B[8][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    int g = l / 4, q = l % 4;
+    A[g][q] = emu_tf32(emu_slots[w0 + l][0]); A[g + 8][q] = emu_tf32(emu_slots[w0 + l][1]);
+    A[g][q + 4] = emu_tf32(emu_slots[w0 + l][2]); A[g + 8][q + 4] = emu_tf32(emu_slots[w0 + l][3]);
+    B[q][g] = emu_tf32(emu_slots[w0 + l][4]); B[q + 4][g] = emu_tf32(emu_slots[w0 + l][5]);
+    for (int k = 0; k < 2; ++k) {
+      std::memcpy(&C[g][2 * q + k], &emu_slots[w0 + l][6 + k], 4); std::memcpy(&C[g + 8][2 * q + k], &emu_slots[w0 + l][8 + k], 4);
+    }
+  }
+  warp_sync();
+  int g = lane / 4, q = lane % 4;
+  for (int r = 0; r < 4; ++r) {
+    int row = g + r / 2 * 8, col = 2 * q + r % 2;
+    float acc = C[row][col];
+    for (int k = 0; k < 8; ++k) acc += A[row][k] * B[k][col];
     *d[r] = acc;
   }
 }
@@ -198,6 +225,11 @@ def _rewrite_asm(body: str) -> str:
             call = (f"{{ float* d_[] = {{{ds}}}; unsigned a_[] = {{{', '.join(ins[:4])}}}; "
                     f"unsigned b_[] = {{{', '.join(ins[4:6])}}}; float c_[] = {{{', '.join(ins[6:10])}}}; "
                     f"emu_mma<{elem}>(d_, a_, b_, c_); }}")
+        elif insn.startswith("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"):
+            ds = ", ".join(f"(float*)&({o})" for o in outs)
+            call = (f"{{ float* d_[] = {{{ds}}}; unsigned a_[] = {{{', '.join(ins[:4])}}}; "
+                    f"unsigned b_[] = {{{', '.join(ins[4:6])}}}; float c_[] = {{{', '.join(ins[6:10])}}}; "
+                    f"emu_mma_tf32(d_, a_, b_, c_); }}")
         else:
             raise NotImplementedError(f"no emulation for PTX '{insn}'")
         out += [body[pos : m.start()], call]

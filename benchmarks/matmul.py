@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""GEMM benchmark: tvmpipe's tensor-core kernel (``schedules/gpu_matmul.py``) against TVM's default (DLight,
+what ``--no-custom-schedules`` gives) and ``torch.matmul`` (cuBLAS), side by side in one run on the GPU machine.
+
+    python3 benchmarks/matmul.py --out DIR      # GPU machine (torch + TVM's compiler): DIR/matmul-<device>.json
+    python benchmarks/matmul.py --table JSON    # a results file as a markdown table
+
+The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batch 1) plus a square one, in fp16
+and in fp32 (3xTF32 on the tensor cores; torch's fp32 matmul is cuBLAS's FP32 SGEMM, TF32 off by default);
+``VARIANTS`` times other tile configurations beside the chosen one, which is how ``gpu_matmul.choose`` was
+picked. Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``:
+max |ours - ref| / max |ref|), and ``CHECKS`` runs odd shapes (ragged tiles, M = 1, batch axes) for correctness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# (batch, m, n, k, layout, what): layout "nn" = B stored [k, n]; "nt" = B stored [n, k] (the fp16 im2col's patches)
+SHAPES = [
+    ((), 4096, 4096, 4096, "nn", "square"),
+    ((), 8192, 2304, 768, "nn", "gpt2 b32 qkv"),
+    ((), 8192, 768, 768, "nn", "gpt2 b32 attn proj"),
+    ((), 8192, 3072, 768, "nn", "gpt2 b32 mlp up"),
+    ((), 8192, 768, 3072, "nn", "gpt2 b32 mlp down"),
+    ((), 8192, 50264, 768, "nn", "gpt2 b32 lm head"),
+    ((384,), 256, 256, 64, "nn", "gpt2 b32 q.k^T"),
+    ((384,), 256, 64, 256, "nn", "gpt2 b32 p.v"),
+    ((), 128, 768, 768, "nn", "bert b1"),
+    ((), 128, 3072, 768, "nn", "bert b1 mlp up"),
+    ((), 197, 768, 3072, "nn", "vit b1 mlp down"),
+    ((32,), 256, 784, 1152, "nt", "resnet50 b32 conv3x3 28x28"),
+    ((32,), 512, 49, 4608, "nt", "resnet50 b32 conv3x3 7x7"),
+]
+# fp32 (3xTF32 on the tensor cores against cuBLAS's FP32 SGEMM: torch leaves TF32 off for matmuls by default)
+SHAPES_FP32 = [
+    ((), 4096, 4096, 4096, "nn", "square"),
+    ((), 8192, 3072, 768, "nn", "gpt2 b32 mlp up"),
+    ((), 256, 2304, 768, "nn", "gpt2 b1 qkv"),
+    ((), 128, 768, 768, "nn", "bert b1"),
+    ((), 128, 3072, 768, "nn", "bert b1 mlp up"),
+    ((), 197, 768, 3072, "nn", "vit b1 mlp down"),
+    ((1,), 256, 784, 1152, "nt", "resnet50 b1 conv3x3 28x28"),
+]
+CHECKS = [((), 1, 8, 8, "nn"), ((), 4001, 1032, 1000, "nt"), ((2, 5), 100, 136, 72, "nn"), ((3,), 33, 40, 24, "nt"),
+          ((), 77, 1000, 1504, "nn")]
+# tile configurations (GemmConfig fields) timed beside the chosen one on these shapes
+BIG = [dict(), dict(warps_m=2, warps_n=2, m_tiles=4, n_tiles=8, bk=64, stages=3),
+       dict(warps_m=2, warps_n=2, m_tiles=4, n_tiles=8, stages=5), dict(warps_m=2, warps_n=2, m_tiles=4, n_tiles=8, stages=3),
+       dict(warps_m=2, warps_n=4, m_tiles=4, n_tiles=8), dict(warps_m=4, warps_n=2, m_tiles=4, n_tiles=8, stages=3),
+       dict(warps_m=2, warps_n=4, m_tiles=4, n_tiles=4)]
+SMALL = [dict(), dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=4, bk=64, stages=3),
+         dict(warps_m=1, warps_n=2, m_tiles=4, n_tiles=4), dict(warps_m=2, warps_n=2, m_tiles=1, n_tiles=4),
+         dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=2), dict(warps_m=1, warps_n=4, m_tiles=4, n_tiles=4)]
+VARIANTS = {"square": BIG, "gpt2 b32 mlp up": BIG, "gpt2 b32 attn proj": BIG, "bert b1": SMALL, "vit b1 mlp down": SMALL,
+            "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL}
+VARIANTS_FP32 = {
+    "square": [dict(n_tiles=4, stages=3), dict(n_tiles=4, stages=4), dict(m_tiles=2, n_tiles=8, stages=3),
+               dict(warps_m=2, warps_n=4, n_tiles=4, stages=3)],
+    "bert b1": [dict(m_tiles=1, n_tiles=4, stages=3), dict(m_tiles=2, n_tiles=4, stages=3), dict(m_tiles=1, n_tiles=2, stages=3)],
+}
+TOLERANCE = {"float16": 2e-3, "float32": 1e-4}  # fp16: output rounding (2^-11); fp32: 3xTF32 measured up to 3.4e-5
+
+
+def fused_gemm(batch: tuple, m: int, n: int, k: int, layout: str, dtype: str):
+    """The fused PrimFunc of out = (A @ B) in ``dtype`` with fp32 accumulation: for "nn" what tvmpipe's passes
+    make of a Relax matmul; for "nt" (B stored [n, k], as tvmpipe's im2col writes its patches) written in TE."""
+    from tvm import relax, te, tirx
+
+    from compiler import passes, schedules, targets
+
+    target = targets.resolve("cuda-sm90")
+    if layout == "nt":
+        a = te.placeholder((*batch, m, k), dtype, "a")
+        b = te.placeholder((*batch, n, k), dtype, "b")
+        r = te.reduce_axis((0, k), "r")
+        acc = te.compute((*batch, m, n), lambda *i: te.sum(a[(*i[:-1], r)].astype("float32")
+                                                           * b[(*i[:-2], i[-1], r)].astype("float32"), axis=r))
+        out = te.compute(acc.shape, lambda *i: acc(*i).astype(dtype))
+        return te.create_prim_func([a, b, out]), target
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((*batch, m, k), dtype))
+    b = relax.Var("b", relax.TensorType((*batch, k, n), dtype))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            gv = bb.emit_output(relax.op.astype(bb.emit(relax.op.matmul(a, b, out_dtype="float32")), dtype))
+        bb.emit_func_output(gv)
+    mod, _ = passes.optimize(bb.get(), target, legalize=schedules.legalizations())
+    ((func,),) = [[f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]]
+    return func, target
+
+
+def compile_cases(cases: list[dict]):
+    """One CUDA module with every case's kernel: tvmpipe's (the rule), DLight's, or a tile variant."""
+    import tvm
+
+    from compiler import cuda_binary, tuning
+    from schedules import gpu_matmul
+
+    funcs = {}
+    for case in cases:
+        func, target = fused_gemm(tuple(case["batch"]), case["m"], case["n"], case["k"], case["layout"], case["dtype"])
+        if case["impl"] == "dlight":
+            mod, provenance, _ = tuning.apply(tvm.IRModule({"main": func}), target)
+            func, case["schedule"] = mod["main"], provenance["main"]
+        else:
+            spec = gpu_matmul.match(func)
+            cfg = gpu_matmul.GemmConfig(**case["variant"]) if "variant" in case else gpu_matmul.choose(spec)
+            func, case["schedule"] = gpu_matmul.kernel(spec, cfg), cfg.name
+        funcs[case["name"]] = func.with_attr("global_symbol", case["name"])
+    with cuda_binary.exact_math():
+        return tvm.compile(tvm.IRModule(funcs), target.target)
+
+
+def run(out: Path) -> None:
+    import torch
+    import tvm
+    import tvm_ffi
+
+    from benchmarks.softmax import gpu_bench
+
+    runs = [("float16", s) for s in SHAPES] + [("float32", s) for s in SHAPES_FP32]
+    runs += [(dt, (*c, "check")) for dt in ("float16", "float32") for c in CHECKS]
+    cases = []
+    for dtype, (batch, m, n, k, layout, what) in runs:
+        shape = {"dtype": dtype, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout, "what": what}
+        cases += [{**shape, "impl": "tvmpipe"}] + ([{**shape, "impl": "dlight"}] if what != "check" else [])
+        variants = (VARIANTS if dtype == "float16" else VARIANTS_FP32).get(what, [])
+        cases += [{**shape, "impl": "variant", "variant": v} for v in variants]
+    for i, case in enumerate(cases):
+        case["name"] = f"{case['impl']}_{i}"
+    t0 = time.perf_counter()
+    lib = compile_cases(cases)
+    print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+    device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    records = []
+    torch.manual_seed(0)
+    with tvm_ffi.use_torch_stream():
+        for dtype, (batch, m, n, k, layout, what) in runs:
+            tdt = getattr(torch, dtype)
+            a = torch.randn(*batch, m, k, dtype=tdt, device="cuda")
+            b = torch.randn(*batch, *((k, n) if layout == "nn" else (n, k)), dtype=tdt, device="cuda")
+            rhs = b if layout == "nn" else b.transpose(-1, -2)
+            ref = torch.matmul(a.double(), rhs.double())
+            y = torch.empty(*batch, m, n, dtype=tdt, device="cuda")
+            at, bt, yt = (tvm.runtime.from_dlpack(t) for t in (a, b, y))
+            flops = 2 * m * n * k * math.prod(batch)
+            reps = max(10, min(200, int(2e13 / flops)))
+            timed = [(c["impl"], c["schedule"], lambda f=lib[c["name"]]: (f(at, bt, yt), y)[1])
+                     for c in cases if (c["dtype"], tuple(c["batch"]), c["m"], c["n"], c["k"], c["layout"], c["what"])
+                     == (dtype, batch, m, n, k, layout, what)]
+            if what != "check":
+                timed.append(("torch", f"torch.matmul (cuBLAS, allow_tf32={torch.backends.cuda.matmul.allow_tf32})",
+                              lambda: torch.matmul(a, rhs)))
+            for impl, schedule, fn in timed:
+                y.fill_(float("nan"))
+                err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
+                ms = gpu_bench(fn, reps) if what != "check" else None
+                record = {"impl": impl, "dtype": dtype, "what": what, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout,
+                          "schedule": schedule, "ms": ms, "tflops": flops / ms / 1e9 if ms else None,
+                          "max_rel_err": err, "ok": err <= TOLERANCE[dtype], "device": device}
+                records.append(record)
+                timing = "" if ms is None else f"{ms:.4f} ms {record['tflops']:.0f} TFLOP/s "
+                print(f"{impl:>8} {dtype} {what:>18} {batch} {m}x{n}x{k} {layout}: {timing}err {err:.1e} {schedule}", flush=True)
+            del a, b, ref, y, timed
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"matmul-{device}.json"
+    path.write_text(json.dumps(records, indent=1))
+    print(f"wrote {path}; {sum(not r['ok'] for r in records)} numerics failures")
+
+
+def table(path: Path) -> str:
+    """Chosen kernel, DLight and cuBLAS per shape (TFLOP/s), the ratio to cuBLAS and tvmpipe's error (checked
+    against ``TOLERANCE`` here, so a file from a run with another tolerance reads the same)."""
+    records = json.loads(path.read_text())
+    rows = ["| GEMM | dtype | batch x M x N x K | tvmpipe | DLight | cuBLAS | tvmpipe / cuBLAS | tvmpipe max rel err |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in (r for r in records if r["impl"] == "tvmpipe" and r["ms"]):
+        same = {x["impl"]: x for x in records if (x["what"], x["dtype"]) == (r["what"], r["dtype"]) and x["ms"]}
+        shape = f"{'x'.join(map(str, r['batch'])) or 1} x {r['m']} x {r['n']} x {r['k']} ({r['layout']})"
+        rows.append(f"| {r['what']} | {r['dtype']} | {shape} | {r['tflops']:.0f} | {same['dlight']['tflops']:.0f} | "
+                    f"{same['torch']['tflops']:.0f} | {r['tflops'] / same['torch']['tflops']:.2f} | "
+                    f"{r['max_rel_err']:.1e}{'' if r['max_rel_err'] <= TOLERANCE[r['dtype']] else ' (over tolerance)'} |")
+    checks = [r for r in records if r["what"] == "check"]
+    bad = [r for r in checks if r["max_rel_err"] > TOLERANCE[r["dtype"]]]
+    rows.append(f"\nOdd-shape checks: {len(checks) - len(bad)} of {len(checks)} within tolerance "
+                f"(max rel err {max(r['max_rel_err'] for r in checks):.1e}).")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, help="run on this GPU machine and write matmul-<device>.json here")
+    p.add_argument("--table", type=Path, metavar="JSON", help="print a results file as a markdown table")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+    elif args.out:
+        run(args.out)
+    else:
+        p.error("give --out DIR (GPU machine) or --table JSON")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

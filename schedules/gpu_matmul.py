@@ -1,0 +1,458 @@
+"""CUDA tensor-core GEMM with its fused epilogue: ``cp.async`` multi-stage pipeline, ``ldmatrix``, ``mma.sync``.
+
+DLight's ``Matmul`` rule tensorises fp16 GEMMs with ``wmma`` and no asynchronous copies: on the H200 its
+kernels reached 75-106 TFLOP/s on GPT-2's batch-32 GEMMs and were 60-90 % of the model's GPU time
+(``benchmarks/results/profile-h200.json``); the TVM wheel has no cuBLAS/CUTLASS to dispatch to. This rule
+writes the GEMM at the PTX level with the pieces of the flash-attention kernel (``attention_cuda``):
+
+* one CTA computes a ``BM x BN`` output tile with ``warps_m x warps_n`` warps, each warp ``16 m_tiles`` rows by
+  ``8 n_tiles`` columns of ``mma.sync.m16n8k16`` fp32 accumulators;
+* A and B tiles of ``BK`` along K stream through shared memory with ``cp.async`` into a ``stages``-deep ring
+  (rows padded by 16 bytes: ``ldmatrix`` without bank conflicts); rows / columns / K past the end are
+  zero-filled by the copy (src-size 0), so any M, N and K that are multiples of 8 elements work;
+* B is read as stored: ``[.., N, K]`` (weights of a Linear, K contiguous) with ``ldmatrix``, ``[.., K, N]``
+  with ``ldmatrix.trans``;
+* the fused epilogue (casts, bias, residual add, activations: whatever FuseOps put after the matmul) is the
+  original function's own expression, evaluated per accumulator and stored once.
+
+``match`` reads the GEMM and its epilogue back from any fused PrimFunc whose one reduction is a (batched)
+matmul of fp16/bf16 operands; what it does not recognise stays with DLight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.script import tirx as T
+from tvm.target import Target
+
+MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
+TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
+
+
+def chunk(dtype: str) -> int:
+    """Elements per 16-byte ``cp.async``: rows of A and B must be multiples of it."""
+    return 4 if dtype == "float32" else 8
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """CTA tile: ``warps_m x warps_n`` warps of ``16 m_tiles x 8 n_tiles`` outputs; K in steps of ``bk``."""
+
+    warps_m: int = 2
+    warps_n: int = 2
+    m_tiles: int = 4
+    n_tiles: int = 8  # even: one ldmatrix.x4 feeds two n-tiles
+    bk: int = 32
+    stages: int = 4
+
+    @property
+    def bm(self) -> int:
+        return self.warps_m * self.m_tiles * 16
+
+    @property
+    def bn(self) -> int:
+        return self.warps_n * self.n_tiles * 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}"
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """out[batch.., i, j] = epilogue(sum_k A[.., i, k] * B[.., k, j]), read back from a fused PrimFunc."""
+
+    func: tirx.PrimFunc  # the fused function: its parameters and buffers are reused as they are
+    a: tirx.Buffer
+    b: tirx.Buffer
+    out: tirx.Buffer
+    batch: tuple[int, ...]  # extents of the output's leading (batch) axes; () where B is shared, folded into m
+    m: int
+    n: int  # B's columns
+    k: int
+    n_out: int  # the output's columns: n, or fewer where the epilogue keeps the first ones (a padded weight's)
+    b_k_major: bool  # B stored [.., j, k] (K contiguous) rather than [.., k, j]
+    a_at: Callable  # (batch values, i, k) -> A's indices
+    b_at: Callable  # (batch values, k, j) -> B's indices
+    epilogue: Callable  # (fp32 accumulator, batch values, i, j) -> the value stored at out[batch.., i, j]
+    out_at: Callable  # (batch values, i, j) -> the output's indices
+
+    @property
+    def dtype(self) -> str:
+        return str(self.a.dtype)
+
+
+def _var_map(iter_vars, values) -> dict:
+    return {iv.var: v for iv, v in zip(iter_vars, values)}
+
+
+def _substitute(expr, vmap: dict):
+    return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: vmap.get(v, v))])
+
+
+def _uses(expr, var: tirx.Var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v.same_as(var)))])
+    return any(found)
+
+
+def _operand(expr) -> TensorLoad | None:
+    """The load under an optional Cast to the accumulator type."""
+    if isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return expr if isinstance(expr, TensorLoad) else None
+
+
+def _is_param(buf, func: tirx.PrimFunc) -> bool:
+    return any(p.same_as(buf) for p in func.params)
+
+
+def match(func: tirx.PrimFunc) -> GemmSpec | None:
+    """The GEMM and epilogue of ``func``, or None where it is not a fused fp16/bf16 matmul this kernel covers."""
+    sch = s_tir.Schedule(func)
+    blocks = list(sch.get_child_blocks(get_root_block(sch)))
+    reductions = [i for i, b in enumerate(blocks) if any(iv.iter_type == tirx.IterVar.CommReduce
+                                                          for iv in sch.get(b).iter_vars)]
+    if len(reductions) != 1:
+        return None
+    at = reductions[0]
+    try:  # prologue (casts, transposes) read in place; epilogue chained into its last block
+        for blk in blocks[:at] + blocks[at + 1:-1]:
+            sch.compute_inline(blk)
+    except Exception:  # noqa: BLE001 - a block that cannot be inlined: not a plain GEMM + elementwise tail
+        return None
+    func = sch.mod["main"]
+    mm = sch.get(blocks[at])
+    store, init = mm.body, mm.init
+    spatial = [iv for iv in mm.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv for iv in mm.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reduce) != 1:  # pooling, windows: not a matmul
+        return None
+    red = reduce[0]
+    if (not isinstance(store, tirx.BufferStore) or not isinstance(init, tirx.BufferStore) or len(spatial) < 2
+            or not isinstance(init.value, (tirx.FloatImm, tirx.IntImm)) or float(init.value.value) != 0
+            or not isinstance(store.value, tirx.Add) or not isinstance(store.value.b, tirx.Mul)):
+        return None
+    acc_buf = store.buffer
+    if [str(i) for i in store.indices] != [str(iv.var) for iv in spatial]:
+        return None
+    x, y = _operand(store.value.b.a), _operand(store.value.b.b)
+    extents = [iv.dom.extent for iv in (*spatial, red)]
+    if x is None or y is None or not all(isinstance(e, tirx.IntImm) for e in extents):
+        return None
+    *bvars, vi, vj = (iv.var for iv in spatial)
+    vk = red.var
+    a, b = (x, y) if _uses(x.indices[-2], vi) else (y, x)
+    dtype = str(a.source.dtype)
+    if dtype not in MMA_DTYPES or str(b.source.dtype) != dtype or not (_is_param(a.source, func) and _is_param(b.source, func)):
+        return None
+    if not (a.indices[-2].same_as(vi) and a.indices[-1].same_as(vk)):
+        return None
+    if b.indices[-2].same_as(vk) and b.indices[-1].same_as(vj):
+        k_major = False
+    elif b.indices[-2].same_as(vj) and b.indices[-1].same_as(vk):
+        k_major = True
+    else:
+        return None
+    for load in (a, b):  # leading indices: batch axes only
+        if any(_uses(i, v) for i in load.indices[:-2] for v in (vi, vj, vk)):
+            return None
+    *batch, m, n, k = (int(e) for e in extents)
+    if k % chunk(dtype) or (not k_major and n % chunk(dtype)):  # 16-byte rows for cp.async
+        return None
+    if dtype == "float32" and str(acc_buf.dtype) != "float32":
+        return None
+
+    def indexer(load, second, last):
+        def at_(bv, p, q):
+            return [_substitute(i, {**dict(zip(bvars, bv)), second: p, last: q}) for i in load.indices]
+        return at_
+
+    acc_dtype = str(acc_buf.dtype)
+    if len(blocks) == at + 1:  # no epilogue: the matmul writes the output
+        out, value, out_vars = acc_buf, tirx.BufferLoad(acc_buf, list(store.indices)), [iv.var for iv in spatial]
+    else:
+        tail = sch.get(blocks[-1])
+        if not isinstance(tail.body, tirx.BufferStore):
+            return None
+        out, value, out_vars = tail.body.buffer, tail.body.value, [iv.var for iv in tail.iter_vars]
+        if [str(i) for i in tail.body.indices] != [str(v) for v in out_vars] or any(
+            iv.iter_type != tirx.IterVar.DataPar for iv in tail.iter_vars
+        ):
+            return None
+    *out_outer, n_out = (int(s) for s in out.shape)
+    if not _is_param(out, func) or out_outer != [*batch, m] or n_out > n:
+        return None
+    acc = tirx.Var("acc", "float32")
+    foreign = []
+
+    def take_acc(load: TensorLoad):
+        if not load.source.same_as(acc_buf):
+            if not _is_param(load.source, func):
+                foreign.append(load)
+            return load
+        if [str(i) for i in load.indices] != [str(v) for v in out_vars]:
+            foreign.append(load)
+        return acc if acc_dtype == "float32" else tirx.Cast(acc_dtype, acc)
+
+    value = tvm_ffi.structural_map(value, [(TensorLoad, take_acc)])
+    if foreign:  # the tail reads the product elsewhere than at its own element, or an intermediate
+        return None
+
+    def epilogue(acc_value, bv, i, j):
+        return _substitute(value, {acc: acc_value, **dict(zip(out_vars, [*bv, i, j]))})
+
+    a_at, b_at = indexer(a, vi, vk), indexer(b, vj, vk) if k_major else indexer(b, vk, vj)
+    if batch and not any(_uses(i, v) for i in b.indices for v in bvars):
+        # B is shared by the batch (a weight): one GEMM of batch x M rows, not a batch of M-row GEMMs, which
+        # would stream B once per batch entry (ViT's [197, 1, 768] tokens: 197 GEMMs of one row each)
+        def rows(r) -> tuple[list, object]:  # flat row -> (batch indices, row)
+            bv, rest = [], r // m
+            for e in reversed(batch):
+                bv.insert(0, rest % e)
+                rest = rest // e
+            return bv, r % m
+
+        def fold(at):
+            return lambda _, r, x: at(*rows(r), x)
+
+        return GemmSpec(func, a.source, b.source, out, (), math.prod(batch) * m, n, k, n_out, k_major, fold(a_at),
+                        b_at, lambda acc_value, _, r, j: epilogue(acc_value, *rows(r), j),
+                        lambda _, r, j: [*rows(r)[0], rows(r)[1], j])
+    return GemmSpec(func, a.source, b.source, out, tuple(batch), m, n, k, n_out, k_major, a_at, b_at, epilogue,
+                    lambda bv, i, j: [*bv, i, j])
+
+
+# from the tile sweep in benchmarks/results/matmul-h200.json: 64 x 64 warp tiles where there is work for every SM;
+# smaller CTA tiles (and longer K steps, fewer barriers) for the small-M GEMMs of batch-1 transformers
+CONFIGS = (GemmConfig(), GemmConfig(m_tiles=2, n_tiles=4, bk=64, stages=3), GemmConfig(m_tiles=1, n_tiles=4, bk=64, stages=3))
+# fp32 (3xTF32): 64 x 32 warp tiles (the split operands double the fragment registers)
+CONFIGS_TF32 = (GemmConfig(n_tiles=4, stages=3), GemmConfig(m_tiles=2, n_tiles=4, stages=3),
+                GemmConfig(m_tiles=1, n_tiles=4, stages=3))
+SMS = 132  # H100 / H200
+
+
+def choose(spec: GemmSpec) -> GemmConfig:
+    """The largest tile that still gives every SM a CTA, else the smallest."""
+    configs = CONFIGS_TF32 if spec.dtype == "float32" else CONFIGS
+    for cfg in configs:
+        if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= SMS:
+            return cfg
+    return configs[-1]
+
+
+def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
+    """The GEMM kernel for ``spec`` as a PrimFunc with the fused function's signature."""
+    A, B, out, dtype = spec.a, spec.b, spec.out, spec.dtype
+    ab = MMA_DTYPES[dtype]
+    M, N, K = spec.m, spec.n, spec.k
+    MT, NTL, S, BK = cfg.m_tiles, cfg.n_tiles, cfg.stages, cfg.bk
+    BM, BN, NT = cfg.bm, cfg.bn, cfg.threads
+    WM, WN = MT * 16, NTL * 8  # rows / columns per warp
+    tf32 = dtype == "float32"
+    CH, KSTEP = chunk(dtype), 8 if tf32 else 16  # elements per 16-byte copy; K per mma
+    # padded smem rows (elements): a 16-byte shift per row keeps ldmatrix (and tf32's scalar fragment loads) free of
+    # bank conflicts; a [k, n] tile of fp32 is read down its columns, so its rows shift by 8 banks
+    AP = BK + CH
+    if spec.b_k_major:
+        BP, B_ROWS, B_CPR = BK + CH, BN, BK // CH
+    else:
+        BP, B_ROWS, B_CPR = BN + 8, BK, BN // CH
+    A_CPR = BK // CH
+    A_STAGE, B_STAGE = BM * AP, B_ROWS * BP
+    B_OFF = S * A_STAGE
+    SMEM = B_OFF + S * B_STAGE
+    nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
+    f32 = "float32"
+    assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
+
+    def batch_of(bz) -> list:  # the flat batch index as the output's leading indices
+        idx, rest = [], bz
+        for e in reversed(spec.batch):
+            idx.append(rest % e)
+            rest = rest // e
+        return idx[::-1]
+
+    @T.macro
+    def load_stage(smem, kt, stage, bv, m0, n0, tx):
+        """cp.async the A and B tiles of k-tile ``kt`` into ring slot ``stage``; out-of-range chunks read as 0."""
+        for it in T.unroll(BM * A_CPR // NT):
+            r = T.meta_var((it * NT + tx) // A_CPR)
+            c = T.meta_var((it * NT + tx) % A_CPR * CH)
+            T.ptx["cp.async.cg.shared.global"](
+                smem.ptr_to([stage * A_STAGE + r * AP + c]),
+                A.ptr_to(spec.a_at(bv, T.min(m0 + r, M - 1), T.min(kt * BK + c, K - CH))),
+                16,
+                T.Cast("uint32", T.if_then_else(T.And(m0 + r < M, kt * BK + c < K), 16, 0)),
+            )
+        for it in T.unroll(B_ROWS * B_CPR // NT):
+            r = T.meta_var((it * NT + tx) // B_CPR)
+            c = T.meta_var((it * NT + tx) % B_CPR * CH)
+            if spec.b_k_major:  # rows are output columns j, chunks along k
+                T.ptx["cp.async.cg.shared.global"](
+                    smem.ptr_to([B_OFF + stage * B_STAGE + r * BP + c]),
+                    B.ptr_to(spec.b_at(bv, T.min(n0 + r, N - 1), T.min(kt * BK + c, K - CH))),
+                    16,
+                    T.Cast("uint32", T.if_then_else(T.And(n0 + r < N, kt * BK + c < K), 16, 0)),
+                )
+            else:  # rows are k, chunks along j
+                T.ptx["cp.async.cg.shared.global"](
+                    smem.ptr_to([B_OFF + stage * B_STAGE + r * BP + c]),
+                    B.ptr_to(spec.b_at(bv, T.min(kt * BK + r, K - 1), T.min(n0 + c, N - CH))),
+                    16,
+                    T.Cast("uint32", T.if_then_else(T.And(kt * BK + r < K, n0 + c < N), 16, 0)),
+                )
+
+    @T.macro
+    def ldmatrix(trans, frag, frag_off, smem, smem_off):
+        T.ptx_legacy.ldmatrix(trans, 4, ".b16", frag.data, frag_off, smem.access_ptr("r"), smem_off, dtype=dtype)
+
+    @T.macro
+    def split(x, hi, lo, i):
+        """x = hi[i] + lo[i] with hi[i] exactly a tf32 value (3xTF32: the three larger partial products are exact)."""
+        hi[i] = T.reinterpret(f32, T.bitwise_and(T.reinterpret("uint32", x), T.uint32(TF32_LOW_BITS)))
+        lo[i] = x - hi[i]
+
+    @T.macro
+    def mma_tf32(a, a_off, b, b_off, c, c_off):
+        T.ptx_legacy.mma("m16n8k8", "row", "col", "tf32", "tf32", "fp32", a.data, a_off, b.data, b_off, c.data, c_off,
+                         False, dtype=f32)
+
+    @T.macro
+    def step_tf32(smem, a_base, b_base, kk, wm, wn, lane, acc):
+        """One k-step of 8 in fp32 on the tf32 tensor cores: operands split as hi + lo, acc += lo*hi + hi*lo + hi*hi.
+        Fragments (g = lane / 4, t = lane % 4): A rows g, g+8 x cols t, t+4; B rows (k) t, t+4 of column g."""
+        ah = T.alloc_buffer((MT * 4,), f32, scope="local")
+        al = T.alloc_buffer((MT * 4,), f32, scope="local")
+        bh = T.alloc_buffer((NTL * 2,), f32, scope="local")
+        bl = T.alloc_buffer((NTL * 2,), f32, scope="local")
+        for mt in T.unroll(MT):
+            for e in T.unroll(4):
+                split(smem[a_base + (wm * WM + mt * 16 + lane // 4 + e % 2 * 8) * AP + kk * 8 + lane % 4 + e // 2 * 4],
+                      ah, al, mt * 4 + e)
+        for nt in T.unroll(NTL):
+            for e in T.unroll(2):
+                if spec.b_k_major:
+                    split(smem[b_base + (wn * WN + nt * 8 + lane // 4) * BP + kk * 8 + lane % 4 + e * 4], bh, bl, nt * 2 + e)
+                else:
+                    split(smem[b_base + (kk * 8 + lane % 4 + e * 4) * BP + wn * WN + nt * 8 + lane // 4], bh, bl, nt * 2 + e)
+        for mt in T.unroll(MT):
+            for nt in T.unroll(NTL):
+                mma_tf32(al, mt * 4, bh, nt * 2, acc, (mt * NTL + nt) * 4)
+                mma_tf32(ah, mt * 4, bl, nt * 2, acc, (mt * NTL + nt) * 4)
+                mma_tf32(ah, mt * 4, bh, nt * 2, acc, (mt * NTL + nt) * 4)
+
+    @T.macro
+    def step_f16(smem, a_base, b_base, kk, wm, wn, lane, acc):
+        """One k-step of 16 on the fp16 / bf16 tensor cores, fragments by ldmatrix."""
+        af = T.alloc_buffer((MT * 8,), dtype, scope="local")
+        bf = T.alloc_buffer((NTL * 4,), dtype, scope="local")
+        # A fragment (16 x 16): rows lane % 16, cols kk*16 + (lane / 16) * 8
+        for mt in T.unroll(MT):
+            ldmatrix(False, af, mt * 8, smem, a_base + (wm * WM + mt * 16 + lane % 16) * AP + kk * 16 + lane // 16 * 8)
+        # B fragments of n-tiles 2 n2, 2 n2 + 1 (registers 0-1 and 2-3 of one ldmatrix.x4)
+        for n2 in T.unroll(NTL // 2):
+            if spec.b_k_major:
+                ldmatrix(False, bf, n2 * 8, smem,
+                         b_base + (wn * WN + n2 * 16 + lane // 16 * 8 + lane % 8) * BP + kk * 16 + lane // 8 % 2 * 8)
+            else:
+                ldmatrix(True, bf, n2 * 8, smem,
+                         b_base + (kk * 16 + lane // 8 % 2 * 8 + lane % 8) * BP + wn * WN + n2 * 16 + lane // 16 * 8)
+        for mt in T.unroll(MT):
+            for nt in T.unroll(NTL):
+                T.ptx_legacy.mma("m16n8k16", "row", "col", ab, ab, "fp32", af.data, mt * 8, bf.data, nt * 4,
+                                 acc.data, (mt * NTL + nt) * 4, False, dtype=f32)
+
+    @T.macro
+    def gemm(smem, bm, bn, bz, tx):
+        acc = T.alloc_buffer((MT * NTL * 4,), f32, scope="local")
+        warp = T.meta_var(tx // 32)
+        lane = T.meta_var(tx % 32)
+        wm = T.meta_var(warp // cfg.warps_n)
+        wn = T.meta_var(warp % cfg.warps_n)
+        m0 = T.meta_var(bm * BM)
+        n0 = T.meta_var(bn * BN)
+        bv = T.meta_var(batch_of(bz))
+        for i in T.unroll(MT * NTL * 4):
+            acc[i] = T.float32(0)
+        for p in T.unroll(S - 1):  # prologue: k-tiles 0 .. S-2 in flight, one commit group each
+            if p < KT:
+                load_stage(smem, p, p, bv, m0, n0, tx)
+            T.ptx.cp.async_.commit_group()
+        for kt in T.serial(KT):
+            if kt + S - 1 < KT:  # into the slot read in iteration kt-1 (all warps are past its end barrier)
+                load_stage(smem, kt + S - 1, (kt + S - 1) % S, bv, m0, n0, tx)
+            T.ptx.cp.async_.commit_group()
+            T.ptx.cp.async_.wait_group(S - 1)  # k-tile kt has landed
+            T.tvm_storage_sync("shared")
+            a_base = T.meta_var(kt % S * A_STAGE)
+            b_base = T.meta_var(B_OFF + kt % S * B_STAGE)
+            for kk in T.unroll(BK // KSTEP):
+                if tf32:
+                    step_tf32(smem, a_base, b_base, kk, wm, wn, lane, acc)
+                else:
+                    step_f16(smem, a_base, b_base, kk, wm, wn, lane, acc)
+            T.tvm_storage_sync("shared")
+        T.ptx.cp.async_.wait_group(0)
+        # epilogue: accumulator c of tile (mt, nt) is row g + c/2*8, column 2t + c%2 (g = lane / 4, t = lane % 4)
+        for mt in T.unroll(MT):
+            for nt in T.unroll(NTL):
+                for c in T.unroll(4):
+                    row = T.meta_var(m0 + wm * WM + mt * 16 + lane // 4 + c // 2 * 8)
+                    col = T.meta_var(n0 + wn * WN + nt * 8 + lane % 4 * 2 + c % 2)
+                    if row < M and col < spec.n_out:
+                        T.buffer_store(out, spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, row, col),
+                                       spec.out_at(bv, row, col))
+
+    @T.macro
+    def cta(bm, bn, bz, tx):
+        with T.sblock("gemm"):
+            T.reads()
+            T.writes()
+            # named per dtype: kernels of both types can share one CUDA module (extern __shared__ names must agree)
+            if dtype == "float16":
+                gemm_f16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                gemm(gemm_f16, bm, bn, bz, tx)
+            elif dtype == "float32":
+                gemm_f32 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                gemm(gemm_f32, bm, bn, bz, tx)
+            else:
+                gemm_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+                gemm(gemm_bf16, bm, bn, bz, tx)
+
+    @T.prim_func(private=True, s_tir=True, check_well_formed=False)
+    def template():
+        for bn in T.thread_binding(gn, thread="blockIdx.x"):  # CTAs in flight share their A row tile in L2
+            for bm in T.thread_binding(gm, thread="blockIdx.y"):
+                for bz in T.thread_binding(nbatch, thread="blockIdx.z"):
+                    for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                        cta(bm, bn, bz, tx)
+
+    f = spec.func
+    return f.with_body(template.body)
+
+
+class GpuMatmul(ScheduleRule):
+    """A fused fp16/bf16 (batched) matmul on sm_80+ -> the tensor-core GEMM kernel."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+            return None
+        if int(str(target.attrs.get("arch", "sm_80")).removeprefix("sm_")) < 80:
+            return None
+        spec = match(func)
+        if spec is None:
+            return None
+        return s_tir.Schedule(kernel(spec, choose(spec)))

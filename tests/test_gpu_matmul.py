@@ -1,0 +1,189 @@
+"""The CUDA tensor-core GEMM rule (``schedules/gpu_matmul.py``): its generated kernels run on the CPU emulator
+against numpy float64 (odd sizes: ragged M / N / K tiles, batch axes, both B layouts, fused epilogues), what it
+refuses, and the CLI reporting it for an fp16 model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests import cuda_emu
+from tests.helpers import make_model, run_cli, save
+
+pytest.importorskip("cuda.bindings")
+
+from tvm import te, topi  # noqa: E402
+
+from compiler import targets  # noqa: E402
+from schedules import gpu_matmul  # noqa: E402
+from schedules.gpu_matmul import GemmConfig  # noqa: E402
+
+TARGET = targets.resolve("cuda-sm90").target
+SMALL = GemmConfig(warps_m=1, warps_n=2, m_tiles=2, n_tiles=2, stages=3)  # 32 x 32 tiles: several CTAs on tiny inputs
+
+
+def gemm_func(batch: tuple, m: int, n: int, k: int, k_major: bool, dtype: str, epilogue: str, acc: str = "float32"):
+    """A fused PrimFunc as FuseOps leaves them: the matmul block, then elementwise blocks; and the numpy reference."""
+    a = te.placeholder((*batch, m, k), dtype, "a")
+    b = te.placeholder((*batch, n, k) if k_major else (k, n), dtype, "b")  # nn: B shared by the batch (a weight)
+    r = te.reduce_axis((0, k), "r")
+
+    def b_at(i):
+        return b[(*i[:-2], i[-1], r)] if k_major else b[r, i[-1]]
+
+    c = te.compute((*batch, m, n), lambda *i: te.sum(a[(*i[:-1], r)].astype(acc) * b_at(i).astype(acc), axis=r),
+                   name="matmul")
+    y = topi.cast(c, dtype)
+    params = [a, b]
+    if epilogue == "bias_gelu":  # bias, then tanh-GELU in fp32 (as ToMixedPrecision leaves it)
+        bias = te.placeholder((n,), dtype, "bias")
+        params.append(bias)
+        x = topi.cast(topi.add(y, bias), "float32")
+        y = topi.cast(0.5 * x * (1 + topi.tanh(0.7978845608 * (x + 0.044715 * x * x * x))), dtype)
+    elif epilogue == "residual":
+        res = te.placeholder((*batch, m, n), "float32", "res")
+        params.append(res)
+        y = topi.add(topi.cast(y, "float32"), res)
+    return te.create_prim_func([*params, y]).without_attr("global_symbol"), [p.name for p in params]
+
+
+def reference(arrays: dict, k_major: bool, epilogue: str) -> np.ndarray:
+    a, b = arrays["a"].astype(np.float64), arrays["b"].astype(np.float64)
+    y = a @ (np.swapaxes(b, -1, -2) if k_major else b)
+    if epilogue == "bias_gelu":
+        x = y + arrays["bias"]
+        y = 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+    elif epilogue == "residual":
+        y = y + arrays["res"]
+    return y
+
+
+CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
+    ((), 45, 40, 72, False, "float16", "none", SMALL),
+    ((2, 3), 33, 24, 40, True, "float16", "residual", SMALL),
+    ((2,), 17, 56, 24, False, "bfloat16", "bias_gelu", SMALL),
+    ((7, 1), 1, 40, 32, False, "float16", "bias_gelu", SMALL),  # ViT's [tokens, 1, C] layout: 7 rows of 1
+    ((), 1, 8, 200, True, "float16", "bias_gelu", SMALL),
+    ((), 70, 136, 48, False, "float16", "residual", None),  # the chosen configuration (64 x 64 tiles, 4 warps)
+    ((), 45, 44, 76, False, "float32", "bias_gelu", SMALL),  # fp32: 3xTF32, 4-element rows
+    ((2,), 37, 20, 36, True, "float32", "none", None),
+]
+
+
+@pytest.mark.parametrize("batch, m, n, k, k_major, dtype, epilogue, cfg", CASES)
+def test_gemm_kernel_emulated(rng, batch, m, n, k, k_major, dtype, epilogue, cfg):
+    func, names = gemm_func(batch, m, n, k, k_major, dtype, epilogue)
+    spec = gpu_matmul.match(func)
+    # "nn" cases share B (a weight) over the batch: matched as one GEMM of batch x M rows
+    folded = bool(batch) and not k_major
+    expect = ((), math.prod(batch) * m) if folded else (batch, m)
+    assert spec is not None and (spec.batch, spec.m, spec.n, spec.k, spec.b_k_major) == (*expect, n, k, k_major)
+    kernel = gpu_matmul.kernel(spec, cfg or gpu_matmul.choose(spec))
+    np_dtype = "float32" if dtype == "bfloat16" else dtype  # bfloat16 buffers are fed as their fp32 upper halves
+    arrays = {}
+    for p in func.params[:-1]:
+        x = rng.standard_normal([int(s) for s in p.shape]).astype("float32")
+        arrays[p.name] = x if str(p.dtype) == "float32" else x.astype(np_dtype)
+    if dtype == "bfloat16":  # round to bfloat16 (truncate) and pass the 16-bit patterns
+        arrays = {n: (x.view(np.uint32) >> 16).astype(np.uint16) if n in ("a", "b", "bias") else x
+                  for n, x in arrays.items()}
+        as_float = {n: (x.astype(np.uint32) << 16).view(np.float32) if x.dtype == np.uint16 else x
+                    for n, x in arrays.items()}
+    else:
+        as_float = arrays
+    ref = reference(as_float, k_major, epilogue)
+    out_name = func.params[-1].name
+    out_dtype = str(func.params[-1].dtype)
+    arrays[out_name] = np.full(ref.shape, 0 if out_dtype == "bfloat16" else np.nan, np.float32 if out_dtype == "float32" else np.float16
+                               if out_dtype == "float16" else np.uint16)
+    if out_dtype == "bfloat16":
+        arrays[out_name][...] = 0x7FC0  # bfloat16 NaN: an element never written shows
+    cuda_emu.run(kernel, TARGET, arrays)
+    got = arrays[out_name]
+    if out_dtype == "bfloat16":
+        got = (got.astype(np.uint32) << 16).view(np.float32)
+    # fp16 / bf16: the product is rounded to the operand type first; fp32 (3xTF32): within fp32 rounding
+    tol = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-5}[dtype]
+    err = np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max()
+    assert err <= tol, f"normwise error {err:.2e}"
+
+
+def test_gemm_accumulating_in_fp16_is_matched(rng):
+    """matmul with out_dtype fp16 (an fp16 ONNX model compiled as it is): the kernel still accumulates in fp32."""
+    func, _ = gemm_func((), 40, 48, 64, False, "float16", "none", acc="float16")
+    spec = gpu_matmul.match(func)
+    assert spec is not None
+    arrays = {"a": rng.standard_normal((40, 64)).astype(np.float16), "b": rng.standard_normal((64, 48)).astype(np.float16)}
+    ref = arrays["a"].astype(np.float64) @ arrays["b"].astype(np.float64)
+    arrays[func.params[-1].name] = np.zeros((40, 48), np.float16)
+    cuda_emu.run(gpu_matmul.kernel(spec, SMALL), TARGET, arrays)
+    assert np.abs(arrays[func.params[-1].name] - ref).max() / np.abs(ref).max() <= 2e-3
+
+
+@pytest.mark.parametrize("why, args", [
+    ("float64 operands: no tensor-core path", ((), 32, 32, 32, False, "float64", "none", "float64")),
+    ("K not a multiple of 8: rows are not 16-byte aligned", ((), 32, 32, 36, True, "float16", "none")),
+    ("fp32 K not a multiple of 4", ((), 32, 32, 30, True, "float32", "none")),
+    ("B [k, n] with N not a multiple of 8", ((), 32, 36, 32, False, "float16", "none")),
+])
+def test_match_refuses(why, args):
+    func, _ = gemm_func(*args)
+    assert gpu_matmul.match(func) is None, why
+
+
+def test_match_refuses_an_epilogue_that_reads_the_product_elsewhere():
+    a, b = te.placeholder((32, 32), "float16", "a"), te.placeholder((32, 32), "float16", "b")
+    r = te.reduce_axis((0, 32), "r")
+    c = te.compute((32, 32), lambda i, j: te.sum(a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r))
+    t = te.compute((32, 32), lambda i, j: c[j, i].astype("float16"))  # a transpose: not this element's product
+    assert gpu_matmul.match(te.create_prim_func([a, b, t])) is None
+
+
+def test_fp16_linear_is_hand_scheduled(capsys, tmp_path, rng):
+    F16 = TensorProto.FLOAT16
+    w = rng.standard_normal((64, 48)).astype(np.float16)
+    bias = rng.standard_normal(48).astype(np.float16)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    src = save(make_model(nodes, [("x", F16, [3, 40, 64])], [("y", F16, [3, 40, 48])], {"w": w, "b": bias}), tmp_path / "m.onnx")
+    r = run_cli(capsys, "inspect", src, "--target", "cuda-sm90")
+    assert r.code == 0, r.err
+    line = next(ln for ln in r.out.splitlines() if "matmul" in ln)
+    assert "hand:GpuMatmul" in line, r.out
+
+
+def test_constant_weight_of_odd_width_is_padded_for_the_kernel(tmp_path, rng):
+    """GPT-2's LM head (N = 50257): the fp16 weight is padded to a multiple of 8 columns at compile time and the
+    kernel stores only the first N (the slice fused as its epilogue)."""
+    from compiler import pipeline
+
+    w = rng.standard_normal((64, 50)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", TensorProto.FLOAT, [2, 16, 64])],
+                       [("y", TensorProto.FLOAT, [2, 16, 50])], {"w": w})
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90", options=pipeline.Options(precision="fp16"))
+    (name,) = [n for n, rule in prep.hand.items() if rule == "GpuMatmul"]
+    func = prep.mod[name]
+    assert [int(d) for d in func.params[1].shape] == [64, 56]
+    x = rng.standard_normal((2, 16, 64)).astype(np.float16)
+    w16 = w.astype(np.float16)
+    out = np.full((2, 16, 50), np.nan, np.float32)
+    cuda_emu.run(func, TARGET, dict(zip([p.name for p in func.params], [x, np.pad(w16, [(0, 0), (0, 6)]), out])))
+    ref = x.astype(np.float64) @ w16.astype(np.float64)
+    assert np.abs(out - ref).max() / np.abs(ref).max() <= 1e-5  # fp32 output: only the summation order differs
+
+
+def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
+    """An fp16 conv becomes im2col (pixel-major patches) + the tensor-core GEMM, 7x7 output (N = 49, not a
+    multiple of 8) included; the global average pool after it (two reduction axes) is left to DLight."""
+    F16 = TensorProto.FLOAT16
+    w = (rng.standard_normal((16, 8, 3, 3)) * 0.1).astype(np.float16)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+    src = save(make_model(nodes, [("x", F16, [2, 8, 7, 7])], [("y", F16, [2, 16, 1, 1])], {"w": w}), tmp_path / "m.onnx")
+    r = run_cli(capsys, "inspect", src, "--target", "cuda-sm90")
+    assert r.code == 0, r.err
+    assert "hand:GpuMatmul" in next(ln for ln in r.out.splitlines() if "conv2d_gemm" in ln), r.out
+    assert "hand:GpuMatmul" not in next(ln for ln in r.out.splitlines() if "mean" in ln or "pool" in ln), r.out
