@@ -112,14 +112,15 @@ def test_tanh_gelu_chain(capsys, tmp_path, rng):
     assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
 
 
-@pytest.mark.parametrize("c, hw, stride", [(24, 15, 2), (8, 14, 1), (5, 9, 1)])
-def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride):
+# strided; stride 1 with a row in one vector; a row wider than 32 (vectors of a divisor); no padding (no copy)
+@pytest.mark.parametrize("c, hw, stride, pad", [(24, 15, 2, 1), (8, 14, 1, 1), (5, 9, 1, 1), (3, 40, 1, 1), (6, 12, 1, 0)])
+def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride, pad):
     """MobileNet's depthwise 3x3 + bias + ReLU6 (Clip)."""
     w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
     b = rng.standard_normal(c).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c, strides=[stride] * 2, pads=[1] * 4),
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c, strides=[stride] * 2, pads=[pad] * 4),
              helper.make_node("Clip", ["d", "lo", "hi"], ["y"])]
-    out = (hw + 2 - 3) // stride + 1
+    out = (hw + 2 * pad - 3) // stride + 1
     inits = {"w": w, "b": b, "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
     model = make_model(nodes, [("x", F, [2, c, hw, hw])], [("y", F, [2, c, out, out])], inits)
     x = rng.standard_normal((2, c, hw, hw)).astype(np.float32) * 2
