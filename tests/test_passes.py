@@ -197,6 +197,32 @@ def test_attention_with_broadcast_bias(capsys, tmp_path, rng, bias_shape):
     assert [op for k in ks for op in k["ops"]].count("relax.nn.attention_bias") == 1, ks
 
 
+def test_torch_sdpa_export_is_one_kernel(capsys, tmp_path, rng):
+    """torch.onnx (dynamo) writes SDPA as: Q and Kᵀ each scaled by sqrt(scale), a boolean mask turned into
+    Where(mask, 0, -inf), Softmax, then Where(IsNaN(P), 0, P) before P·V (BERT, GPT-2 in the zoo). One attention
+    kernel; a query whose keys are all masked gives 0, as the graph does (the softmax row is NaN there)."""
+    g = blocks.Graph()
+    q = g.input("q", [2, 3, 5, 4])
+    mask = g.input("mask", [2, 1, 5, 6], TP.BOOL)
+    root = g.c(np.float32(0.5 ** 0.5))  # sqrt(1 / sqrt(4)) on each side
+    kt = g.n("Mul", [g.n("Transpose", [g.input("k", [2, 3, 6, 4])], perm=[0, 1, 3, 2]), root])
+    scores = g.n("MatMul", [g.n("Mul", [q, root]), kt])
+    bias = g.n("Where", [mask, g.c(np.float32(0)), g.c(np.float32(-np.inf))])
+    p = g.n("Softmax", [g.n("Add", [scores, bias])], axis=-1)
+    p = g.n("Where", [g.n("IsNaN", [p]), g.c(np.float32(0)), p])
+    model = g.model([g.n("MatMul", [p, g.input("v", [2, 3, 6, 4])])])
+    inputs = random_inputs(model, rng)
+    inputs["mask"] = rng.random((2, 1, 5, 6)) < 0.6
+    inputs["mask"][0, 0, [1, 3]] = False  # two queries see no key
+    inputs["mask"][1, 0, 0] = True
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    (name,) = ref
+    assert np.isfinite(ours[name]).all() and not ours[name][0, :, [1, 3]].any()
+    assert rel_err(ours[name], ref[name]) < 1e-5
+    ops = [op for k in kernels(capsys, tmp_path / "model.onnx") for op in k["ops"]]
+    assert ops.count("relax.nn.attention_bias") == 1 and "relax.nn.softmax" not in ops, ops
+
+
 def test_attention_output_used_elsewhere_is_left_alone(capsys, tmp_path, rng):
     """If the probabilities are also a model output, fusing would compute them twice: keep the graph."""
     g = blocks.Graph()

@@ -2,7 +2,8 @@
 
 Exporters write attention as ``MatMul(Q, Kᵀ) -> Mul/Div by a scale -> (Add mask | Where mask) -> Softmax
 -> MatMul(·, V)``, with the scale anywhere on that path or on Q and Kᵀ (PyTorch's SDPA export scales both
-by sqrt(scale)), heads split by Reshape/Transpose, ``[batch, heads, seq, dim]`` (4-D) or
+by sqrt(scale) and zeroes NaN probabilities, ``Where(IsNaN(P), 0, P)``, before P·V: a fully masked row gives
+0, which the fused op reproduces with the same Where on its output; they differ only for a NaN or inf in V), heads split by Reshape/Transpose, ``[batch, heads, seq, dim]`` (4-D) or
 ``[batch*heads, seq, dim]`` (3-D) operands and additive masks that may come from an input or be a constant.
 Unfused, that is five kernels and four ``seq_q x seq_k`` score tensors written and read back per head;
 as one op it is one kernel that can keep the scores on chip (the flash-attention schedule).
@@ -30,7 +31,11 @@ from .util import const_array, dtype, private, scalar, sole_producer, static_sha
 _SOFTMAX = is_op("relax.nn.softmax")(wildcard())
 # 16-bit graphs (the frontend sums them in float32): softmax in float32 with its probabilities cast back,
 # P·V with a float32 output cast back; the Q·Kᵀ side has the same casts, which ``_scores`` looks through
-_PV = is_op("relax.matmul")(_SOFTMAX | is_op("relax.astype")(_SOFTMAX), wildcard())
+_PROBS = _SOFTMAX | is_op("relax.astype")(_SOFTMAX)
+# PyTorch's SDPA export zeroes the probabilities softmax makes NaN (rows whose keys are all masked):
+# where(isnan(P), 0, P)
+_NAN_ZEROED = is_op("relax.where")(is_op("relax.isnan")(wildcard()), wildcard(), _PROBS)
+_PV = is_op("relax.matmul")(_PROBS | _NAN_ZEROED, wildcard())
 _PATTERN = _PV | is_op("relax.astype")(_PV)
 _MASKED = -1e4  # additive values at or below this give exp(.) == 0 in float32: a masked position
 
@@ -172,15 +177,32 @@ def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr],
     return ops, bias, lambda o: op.reshape(o, [n, sq, dv])
 
 
+def _nan_zeroed(probs: relax.Expr, var2val: dict, uses) -> relax.Expr | None:
+    """The probabilities under ``where(isnan(P), 0, P)``, if ``probs`` is that and nothing else reads its parts."""
+    where = var2val.get(probs)
+    if not (isinstance(where, relax.Call) and where.op.name == "relax.where"):
+        return None
+    test, zero, p = where.args
+    isnan = var2val.get(test)
+    if scalar(zero) != 0.0 or not private(test, uses) or not isnan.args[0].same_as(p) or uses[p] != 2:
+        return None
+    return p
+
+
 def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     softmax, pv = matches[_SOFTMAX], matches[_PV]
     probs, v = pv.args
     rank = out.ty.ndim
     if rank not in (3, 4) or int(softmax.attrs.axis) % rank != rank - 1 or dtype(out) != dtype(v):
         return out  # (a P·V summed in float32 is taken at its cast back to V's type)
+    nan_zeroed = _NAN_ZEROED in matches
+    if nan_zeroed:
+        if not private(probs, uses) or (probs := _nan_zeroed(probs, var2val, uses)) is None:
+            return out
     cast = var2val.get(probs)
     inner = [cast.args[0]] if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else []
-    if not all(private(x, uses) for x in [probs, *inner, *([out.args[0]] if out.op.name == "relax.astype" else [])]):
+    lone = [] if nan_zeroed else [probs]  # (under the where, P has its two readers: isnan and the where)
+    if not all(private(x, uses) for x in [*lone, *inner, *([out.args[0]] if out.op.name == "relax.astype" else [])]):
         return out
     found = _scores(softmax.args[0], 1.0, var2val, uses)
     if found is None:
@@ -202,7 +224,10 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     (qb, kb, vb), bias, back = _to_bsnh(q, kt, v, bias, bshape, shapes[:3], var2val)
     if klead[1:] != lead[1:]:  # the op wants as many K/V heads as query heads
         kb, vb = relax.op.repeat(kb, lead[1], axis=2), relax.op.repeat(vb, lead[1], axis=2)
-    return back(relax.op.nn.attention(qb, kb, vb, bias, scale=found.scale * qs * ks, causal_mask=causal))
+    fused = back(relax.op.nn.attention(qb, kb, vb, bias, scale=found.scale * qs * ks, causal_mask=causal))
+    if nan_zeroed:  # a fully masked row: 0/0 in the kernel, P = 0 (so P·V = 0) in the graph it replaces
+        fused = relax.op.where(relax.op.isnan(fused), relax.const(0, dtype(out)), fused)
+    return fused
 
 
 @relax.transform.function_pass(opt_level=0, name="FuseAttention")
