@@ -48,10 +48,12 @@ def largest_divisor(n: int, candidates: tuple[int, ...]) -> int | None:
     return next((c for c in candidates if n % c == 0), None)
 
 
-def register_tile(rows: int, vectors: int, regs: int) -> tuple[int, int]:
+def register_tile(rows: int, vectors: int, regs: int, nj: int | None = None) -> tuple[int, int]:
     """(MR rows, NJ vectors) of the accumulator tile: exact divisors of the extents, MR * NJ <= regs,
-    as many accumulators as possible (ties: more vectors, which share each broadcast row value)."""
-    pairs = [(m, j) for m in range(1, 9) for j in range(1, 5) if rows % m == 0 and vectors % j == 0 and m * j <= regs]
+    as many accumulators as possible (ties: more vectors, which share each broadcast row value); ``nj``
+    fixes the vectors (a weight stored in panels of that width)."""
+    pairs = [(m, j) for m in range(1, 9) for j in ((nj,) if nj else range(1, 5))
+             if rows % m == 0 and vectors % j == 0 and m * j <= regs]
     return max(pairs, key=lambda p: (p[0] * p[1], p[1]))
 
 
