@@ -16,31 +16,60 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
-from .common import compiling_for_cpu, largest_divisor, padded_conv_input, register_tile, vector_shape
+from .common import (
+    PANEL_VECTORS,
+    compiling_for_cpu,
+    largest_divisor,
+    mark_gemm,
+    padded_conv_input,
+    register_tile,
+    vector_shape,
+)
 
 BLOCK = "conv2d_nchw_hwio"
 
 
 def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:
+    """The conv over an HWIO weight, or (5-D) one in panels ``[OC / p, KH, KW, IC, p]``."""
     n, ic = data.shape[:2]
-    kh, kw, _, oc = weight.shape
+    panel = int(weight.shape[4]) if len(weight.shape) == 5 else 0
+    kh, kw = weight.shape[1:3] if panel else weight.shape[:2]
+    oc = weight.shape[0] * panel if panel else weight.shape[3]
     data, (oh, ow), (sh, sw), (dh, dw) = padded_conv_input(data, kh, kw, strides, padding, dilation)
     rc, ry, rx = te.reduce_axis((0, ic), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def w(y, x, c, o):
+        return weight[o // panel, y, x, c, o % panel] if panel else weight[y, x, c, o]
+
     return te.compute(
         (n, oc, oh, ow),
-        lambda b, o, y, x: te.sum(data[b, rc, y * sh + ry * dh, x * sw + rx * dw] * weight[ry, rx, rc, o], axis=[rc, ry, rx]),
+        lambda b, o, y, x: te.sum(data[b, rc, y * sh + ry * dh, x * sw + rx * dw] * w(ry, rx, rc, o), axis=[rc, ry, rx]),
         name=BLOCK,
     )
 
 
+def _panels(weight: te.Tensor, panel: int) -> te.Tensor:
+    """OIHW -> [OC / panel, KH, KW, IC, panel]: each panel of output channels contiguous along the reduction."""
+    oc, ic, kh, kw = (int(d) for d in weight.shape)
+    return te.compute((oc // panel, kh, kw, ic, panel), lambda q, y, x, c, p: weight[q * panel + p, c, y, x],
+                      name="conv2d_weight_panels")
+
+
 def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
-    """conv2d -> HWIO weight transpose (folded for constant weights) + ``conv2d_nchw_hwio`` on CPUs."""
+    """conv2d -> the weight rearranged (folded for constant weights) + ``conv2d_nchw_hwio`` on CPUs: in panels of
+    ``PANEL_VECTORS`` vectors of output channels where they divide OC (as ``cpu_matmul``'s weights; ResNet-50's
+    7x7-pixel layers read HWIO rows 8 KB apart), else HWIO."""
     a = call.attrs
     plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
     if not (compiling_for_cpu() and plain and call.ty.dtype == "float32" and call.args[0].ty.dtype == "float32"):
         return None
+    panel = PANEL_VECTORS * vector_shape(Target.current(), "float32")[0]
+    args = (a.strides, a.padding, a.dilation)
+    if int(call.args[1].ty.shape[0]) % panel == 0:
+        weight = bb.emit_te(_panels, call.args[1], panel, primfunc_name_hint="conv2d_weight_panels")
+        return mark_gemm(bb, bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, *args, primfunc_name_hint="conv2d"))
     weight = bb.emit_te(topi.transpose, call.args[1], [2, 3, 1, 0], primfunc_name_hint="conv2d_weight_hwio")
-    return bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, a.strides, a.padding, a.dilation, primfunc_name_hint="conv2d")
+    return bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, *args, primfunc_name_hint="conv2d")
 
 
 class CpuConv2d(ScheduleRule):
@@ -58,7 +87,8 @@ class CpuConv2d(ScheduleRule):
         n_oc, n_ow = (int(sch.get(loop).extent) for loop in (oc, ow))
         lanes, regs = vector_shape(target, "float32")
         lanes = largest_divisor(n_oc, (lanes, 8, 4, 2, 1))
-        mr, nj = register_tile(n_ow, n_oc // lanes, regs)
+        panels = len(sch.get(conv).reads[1].source.shape) == 5  # the register tile takes one weight panel
+        mr, nj = register_tile(n_ow, n_oc // lanes, regs, PANEL_VECTORS if panels else None)
 
         for producer in sch.get_producers(conv):  # the padded input copy: one pass, parallel over rows
             pn, pc, ph, _ = sch.get_loops(producer)

@@ -30,14 +30,10 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from .common import largest_divisor, register_tile, vector_shape
+from .common import PANEL_VECTORS, largest_divisor, mark_gemm, register_tile, vector_shape
 from .gpu_matmul import MMA_DTYPES, chunk
 
 PANELS = "matmul_panels"  # the block of a matmul by a weight in column panels (``legalize_matmul``)
-# vectors per weight panel, and so per register tile: 2 x 8 rows beat 3 x 8 once B is in panels (ViT / BERT FFN
-# shapes, kernel alone: 2.2 vs 2.3 ms); four vectors were no faster
-PANEL_VECTORS = 2
-OUT_ELEMWISE_FUSABLE = 4  # relax OpPatternKind kOutEWiseFusable: a GEMM, elementwise consumers fuse into it
 
 
 class CpuMatmul(ScheduleRule):
@@ -192,11 +188,7 @@ def legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | No
         if n < width:
             return None
         panels = bb.emit_te(_panels, weight, width, primfunc_name_hint="weight_panels")
-        dense = bb.call_te(_dense, call.args[0], panels, call.ty.dtype, width, primfunc_name_hint="matmul")
-        # TVM's pattern analysis reads w[j / panel, k, j % panel] as opaque: say what it is, so that FuseOps
-        # still fuses the epilogue (bias, activation, residual) into the GEMM
-        gvar = dense.args[0]
-        bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", OUT_ELEMWISE_FUSABLE))
+        dense = mark_gemm(bb, bb.call_te(_dense, call.args[0], panels, call.ty.dtype, width, primfunc_name_hint="matmul"))
     elif target.kind.name == "cuda" and str(weight.ty.dtype) in MMA_DTYPES:
         width = chunk(str(weight.ty.dtype))
         if n % width == 0 or n < width:

@@ -23,7 +23,9 @@ def _kernels(tmp_path) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "ic, oc, hw, k, stride, pad, dilation",
-    [(3, 16, 17, 3, 2, 1, 1), (8, 24, 9, 1, 1, 0, 1), (5, 40, 11, 3, 1, 2, 2), (4, 7, 6, 5, 1, 2, 1)],
+    # OC of no vector width, HWIO weights; OC of whole weight panels (32 channels), 7x7 output and a strided 1x1
+    [(3, 16, 17, 3, 2, 1, 1), (8, 24, 9, 1, 1, 0, 1), (5, 40, 11, 3, 1, 2, 2), (4, 7, 6, 5, 1, 2, 1),
+     (6, 64, 7, 3, 1, 1, 1), (16, 32, 10, 1, 2, 0, 1)],
 )
 def test_conv_bias_relu_residual(capsys, tmp_path, rng, ic, oc, hw, k, stride, pad, dilation):
     """Conv + bias + ReLU + residual add in one kernel; stride, padding, dilation, OC of no vector width."""
@@ -42,7 +44,7 @@ def test_conv_bias_relu_residual(capsys, tmp_path, rng, ic, oc, hw, k, stride, p
               "skip": rng.standard_normal((2, oc, out, out)).astype(np.float32)}
     ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
     assert rel_err(ours["y"], ref["y"]) < 1e-5
-    assert "hand:CpuConv2d" in _kernels(tmp_path).values()
+    assert list(_kernels(tmp_path).values()) == ["hand:CpuConv2d"]  # bias, ReLU and the residual fused into it
 
 
 def test_conv_epilogue_is_stored_in_vectors(tmp_path, rng):
