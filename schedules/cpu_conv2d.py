@@ -27,6 +27,10 @@ from .common import (
 )
 
 BLOCK = "conv2d_nchw_hwio"
+# From this many output pixels a 1x1 stride-1 conv runs as a GEMM with vectors along the pixels (NCHW keeps them
+# contiguous: no transposed tile store), which beat the channel-vector tile 1.4-2x on MobileNetV2's 112x112 and
+# 56x56 layers (few channels) and lost 5-20 % at 28x28 and 14x14 (kernels alone)
+POINTWISE_GEMM_PIXELS = 56 * 56
 
 
 def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:
@@ -55,17 +59,33 @@ def _panels(weight: te.Tensor, panel: int) -> te.Tensor:
                       name="conv2d_weight_panels")
 
 
+def _pointwise(data: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """A 1x1 stride-1 conv as the GEMM out[n, o, (y, x)] = sum_c w[o, c] * data[n, c, (y, x)] (``CpuMatmul``)."""
+    r = te.reduce_axis((0, w.shape[1]), "rc")
+    n, _, h, wd = data.shape
+    return te.compute((n, w.shape[0], h, wd), lambda b, o, y, x: te.sum(w[o, r] * data[b, r, y, x], axis=r),
+                      name="conv2d_pointwise")
+
+
 def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
-    """conv2d -> the weight rearranged (folded for constant weights) + ``conv2d_nchw_hwio`` on CPUs: in panels of
-    ``PANEL_VECTORS`` vectors of output channels where they divide OC (as ``cpu_matmul``'s weights; ResNet-50's
-    7x7-pixel layers read HWIO rows 8 KB apart), else HWIO."""
+    """conv2d on CPUs -> a 1x1 conv over many pixels: a GEMM (``_pointwise``); else the weight rearranged
+    (folded for constant weights) + ``conv2d_nchw_hwio``: in panels of ``PANEL_VECTORS`` vectors of output
+    channels where they divide OC (as ``cpu_matmul``'s weights; ResNet-50's 7x7-pixel layers read HWIO rows
+    8 KB apart), else HWIO."""
     a = call.attrs
     plain = (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "OIHW", "NCHW") and int(a.groups) == 1
     if not (compiling_for_cpu() and plain and call.ty.dtype == "float32" and call.args[0].ty.dtype == "float32"):
         return None
-    panel = PANEL_VECTORS * vector_shape(Target.current(), "float32")[0]
+    lanes = vector_shape(Target.current(), "float32")[0]
+    oc, ic, kh, kw = (int(d) for d in call.args[1].ty.shape)
+    pixels = int(call.ty.shape[2]) * int(call.ty.shape[3])
+    pointwise = (kh, kw) == (1, 1) and all(int(v) == 1 for v in a.strides) and not any(int(v) for v in a.padding)
+    if pointwise and pixels >= POINTWISE_GEMM_PIXELS and pixels % lanes == 0:
+        w = bb.emit_te(topi.reshape, call.args[1], (oc, ic), primfunc_name_hint="conv2d_weight_matrix")
+        return bb.call_te(_pointwise, call.args[0], w, primfunc_name_hint="conv2d")
+    panel = PANEL_VECTORS * lanes
     args = (a.strides, a.padding, a.dilation)
-    if int(call.args[1].ty.shape[0]) % panel == 0:
+    if oc % panel == 0:
         weight = bb.emit_te(_panels, call.args[1], panel, primfunc_name_hint="conv2d_weight_panels")
         return mark_gemm(bb, bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, *args, primfunc_name_hint="conv2d"))
     weight = bb.emit_te(topi.transpose, call.args[1], [2, 3, 1, 0], primfunc_name_hint="conv2d_weight_hwio")
