@@ -9,14 +9,18 @@ writes the GEMM at the PTX level with the pieces of the flash-attention kernel (
   ``8 n_tiles`` columns of ``mma.sync.m16n8k16`` fp32 accumulators;
 * A and B tiles of ``BK`` along K stream through shared memory with ``cp.async`` into a ``stages``-deep ring
   (rows padded by 16 bytes: ``ldmatrix`` without bank conflicts); rows / columns / K past the end are
-  zero-filled by the copy (src-size 0), so any M, N and K that are multiples of 8 elements work;
-* B is read as stored: ``[.., N, K]`` (weights of a Linear, K contiguous) with ``ldmatrix``, ``[.., K, N]``
-  with ``ldmatrix.trans``;
+  zero-filled by the copy (src-size 0), so any M works, and any K and N that fill 16-byte rows;
+* B is read as stored: ``[.., N, K]`` (K contiguous: the im2col patches of a conv) with ``ldmatrix``,
+  ``[.., K, N]`` with ``ldmatrix.trans``;
+* fp32 runs as 3xTF32 on ``mma.sync.m16n8k8.tf32``: each operand split into a tf32 high part and the
+  remainder, acc += lo*hi + hi*lo + hi*hi (fragments by scalar shared-memory loads; max rel err measured up to
+  3.4e-5 at K = 4096, cuBLAS's FP32 SGEMM 2.9e-6);
 * the fused epilogue (casts, bias, residual add, activations: whatever FuseOps put after the matmul) is the
   original function's own expression, evaluated per accumulator and stored once.
 
 ``match`` reads the GEMM and its epilogue back from any fused PrimFunc whose one reduction is a (batched)
-matmul of fp16/bf16 operands; what it does not recognise stays with DLight.
+matmul of fp16/bf16/fp32 operands (a weight shared over the batch folds the batch into M); what it does not
+recognise stays with DLight.
 """
 
 from __future__ import annotations
@@ -94,8 +98,13 @@ class GemmSpec:
         return str(self.a.dtype)
 
 
-def _var_map(iter_vars, values) -> dict:
-    return {iv.var: v for iv, v in zip(iter_vars, values)}
+def _unravel(flat, extents) -> list:
+    """A flat index over ``extents`` (row-major) as one index per axis."""
+    idx = []
+    for e in reversed(extents):
+        idx.insert(0, flat % e)
+        flat = flat // e
+    return idx
 
 
 def _substitute(expr, vmap: dict):
@@ -120,7 +129,7 @@ def _is_param(buf, func: tirx.PrimFunc) -> bool:
 
 
 def match(func: tirx.PrimFunc) -> GemmSpec | None:
-    """The GEMM and epilogue of ``func``, or None where it is not a fused fp16/bf16 matmul this kernel covers."""
+    """The GEMM and epilogue of ``func``, or None where it is not a fused fp16/bf16/fp32 matmul this kernel covers."""
     sch = s_tir.Schedule(func)
     blocks = list(sch.get_child_blocks(get_root_block(sch)))
     reductions = [i for i, b in enumerate(blocks) if any(iv.iter_type == tirx.IterVar.CommReduce
@@ -219,11 +228,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         # B is shared by the batch (a weight): one GEMM of batch x M rows, not a batch of M-row GEMMs, which
         # would stream B once per batch entry (ViT's [197, 1, 768] tokens: 197 GEMMs of one row each)
         def rows(r) -> tuple[list, object]:  # flat row -> (batch indices, row)
-            bv, rest = [], r // m
-            for e in reversed(batch):
-                bv.insert(0, rest % e)
-                rest = rest // e
-            return bv, r % m
+            return _unravel(r // m, batch), r % m
 
         def fold(at):
             return lambda _, r, x: at(*rows(r), x)
@@ -277,13 +282,6 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
     assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
-
-    def batch_of(bz) -> list:  # the flat batch index as the output's leading indices
-        idx, rest = [], bz
-        for e in reversed(spec.batch):
-            idx.append(rest % e)
-            rest = rest // e
-        return idx[::-1]
 
     @T.macro
     def load_stage(smem, kt, stage, bv, m0, n0, tx):
@@ -384,7 +382,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         wn = T.meta_var(warp % cfg.warps_n)
         m0 = T.meta_var(bm * BM)
         n0 = T.meta_var(bn * BN)
-        bv = T.meta_var(batch_of(bz))
+        bv = T.meta_var(_unravel(bz, spec.batch))
         for i in T.unroll(MT * NTL * 4):
             acc[i] = T.float32(0)
         for p in T.unroll(S - 1):  # prologue: k-tiles 0 .. S-2 in flight, one commit group each
@@ -445,7 +443,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
 
 
 class GpuMatmul(ScheduleRule):
-    """A fused fp16/bf16 (batched) matmul on sm_80+ -> the tensor-core GEMM kernel."""
+    """A fused fp16/bf16/fp32 (batched) matmul on sm_80+ -> the tensor-core GEMM kernel."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
