@@ -41,7 +41,7 @@ def _centered(x: relax.Expr, zero_point) -> relax.Expr:
     return x if zero_point is None else op.subtract(x, op.astype(zero_point, "int32"))
 
 
-def _rint(bb, x: relax.Expr) -> relax.Expr:
+def rint(bb, x: relax.Expr) -> relax.Expr:
     """Round half to even (numpy's rint), written out: TIR's round rounds halves away from zero."""
     x = bb.normalize(x)
     low = op.floor(x)
@@ -62,7 +62,7 @@ def qlinear_matmul(bb, inputs, attrs, params) -> relax.Expr:
     if y_zp is not None:
         y = op.add(y, op.astype(y_zp, "float64"))
     info = np.iinfo(out_dtype)
-    return op.astype(op.clip(_rint(bb, y), float(info.min), float(info.max)), out_dtype)
+    return op.astype(op.clip(rint(bb, y), float(info.min), float(info.max)), out_dtype)
 
 
 class ConvInteger:
@@ -107,7 +107,7 @@ class QLinearConv:
             if y_zp is not None:
                 y = op.add(y, op.astype(y_zp, "float64"))
             info = np.iinfo(out_dtype)
-            return op.astype(_rint(bb, op.clip(y, float(info.min), float(info.max))), out_dtype)
+            return op.astype(rint(bb, op.clip(y, float(info.min), float(info.max))), out_dtype)
 
         return convert
 

@@ -281,7 +281,7 @@ def lowp_quantize(bb, inputs, attrs, params) -> relax.Expr:
     type), then float8: cast with ``saturate`` (the zero point, 0 by definition, is not read); integers:
     rounded half to even, plus the zero point, clipped to the type's range; float4: plus the zero point,
     cast (float4 always saturates)."""
-    from .converters_ops import _rint
+    from .converters_ops import rint
 
     x, scale = inputs[:2]
     zp = inputs[2] if len(inputs) > 2 else None
@@ -292,7 +292,7 @@ def lowp_quantize(bb, inputs, attrs, params) -> relax.Expr:
     if elem in INTS:  # clipped in float: the same wherever rint(q) fits int32, ONNX's reference's domain
         bits, signed = INTS[elem]
         lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-        q = relax.op.astype(_rint(bb, relax.op.astype(q, "float32")), "float32")
+        q = relax.op.astype(rint(bb, relax.op.astype(q, "float32")), "float32")
         if zp is not None:
             q = relax.op.add(q, _per_axis(bb, _cast(bb, zp, elem, _DT.FLOAT), rank, axis))
         q = bb.normalize(relax.op.astype(relax.op.clip(q, lo, hi), "int32"))

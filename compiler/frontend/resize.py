@@ -19,7 +19,7 @@ from tvm import relax
 
 from .converters_math import dtype_of, is_float
 from .converters_nn import rank, shape
-from .converters_ops import _rint
+from .converters_ops import rint
 from .registry import register_converter
 from .support import REFUSALS, attr
 
@@ -124,7 +124,7 @@ def _saturate(bb, y: relax.Expr, dtype: str) -> relax.Expr:
     if is_float(dtype):
         return op.astype(y, dtype)
     info = np.iinfo(dtype)
-    return op.astype(op.clip(_rint(bb, y), float(info.min), float(info.max)), dtype)
+    return op.astype(op.clip(rint(bb, y), float(info.min), float(info.max)), dtype)
 
 
 def resize_axes(bb, x: relax.Expr, sizes: dict[int, int], scales: dict[int, float], rois: dict, attrs: dict,
