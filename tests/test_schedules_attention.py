@@ -267,3 +267,14 @@ def test_cuda_package_holds_compiled_kernel(tmp_path):
     mod, _, _ = tuning.apply(mod, info)
     manifest = package.save(tmp_path / "attention.tvmpkg", build(mod, info), {})
     assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
+
+
+def test_cpu_tiles_pad_least():
+    """Padded query rows and keys are computed in full: static lengths get the tiles that pad least."""
+    from tvm import tirx
+
+    from schedules.attention_cpu import BK, BQ, tiles
+
+    assert tiles(197, 197, 32) == (52, 32)  # ViT: 208 x 224 computed, not 256 x 256
+    assert tiles(128, 128, 32) == (64, 64) and tiles(256, 256, 16) == (64, 64)  # exact: the largest tiles
+    assert tiles(tirx.Var("n", "int64"), tirx.Var("m", "int64"), 32) == (BQ, BK)
