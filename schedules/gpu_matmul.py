@@ -124,6 +124,11 @@ def _operand(expr) -> TensorLoad | None:
     return expr if isinstance(expr, TensorLoad) else None
 
 
+def _at_vars(indices, variables) -> bool:
+    """Whether ``indices`` are exactly ``variables``, in order (an element's own position)."""
+    return len(indices) == len(variables) and all(i.same_as(v) for i, v in zip(indices, variables))
+
+
 def _is_param(buf, func: tirx.PrimFunc) -> bool:
     return any(p.same_as(buf) for p in func.params)
 
@@ -155,7 +160,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
             or not isinstance(store.value, tirx.Add) or not isinstance(store.value.b, tirx.Mul)):
         return None
     acc_buf = store.buffer
-    if [str(i) for i in store.indices] != [str(iv.var) for iv in spatial]:
+    if not _at_vars(store.indices, [iv.var for iv in spatial]):
         return None
     x, y = _operand(store.value.b.a), _operand(store.value.b.b)
     extents = [iv.dom.extent for iv in (*spatial, red)]
@@ -197,7 +202,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         if not isinstance(tail.body, tirx.BufferStore):
             return None
         out, value, out_vars = tail.body.buffer, tail.body.value, [iv.var for iv in tail.iter_vars]
-        if [str(i) for i in tail.body.indices] != [str(v) for v in out_vars] or any(
+        if not _at_vars(tail.body.indices, out_vars) or any(
             iv.iter_type != tirx.IterVar.DataPar for iv in tail.iter_vars
         ):
             return None
@@ -212,7 +217,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
             if not _is_param(load.source, func):
                 foreign.append(load)
             return load
-        if [str(i) for i in load.indices] != [str(v) for v in out_vars]:
+        if not _at_vars(load.indices, out_vars):
             foreign.append(load)
         return acc if acc_dtype == "float32" else tirx.Cast(acc_dtype, acc)
 
@@ -222,6 +227,9 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
 
     def epilogue(acc_value, bv, i, j):
         return _substitute(value, {acc: acc_value, **dict(zip(out_vars, [*bv, i, j]))})
+
+    def out_at(bv, i, j):
+        return [*bv, i, j]
 
     a_at, b_at = indexer(a, vi, vk), indexer(b, vj, vk) if k_major else indexer(b, vk, vj)
     if batch and not any(_uses(i, v) for i in b.indices for v in bvars):
@@ -234,10 +242,8 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
             return lambda _, r, x: at(*rows(r), x)
 
         return GemmSpec(func, a.source, b.source, out, (), math.prod(batch) * m, n, k, n_out, k_major, fold(a_at),
-                        b_at, lambda acc_value, _, r, j: epilogue(acc_value, *rows(r), j),
-                        lambda _, r, j: [*rows(r)[0], rows(r)[1], j])
-    return GemmSpec(func, a.source, b.source, out, tuple(batch), m, n, k, n_out, k_major, a_at, b_at, epilogue,
-                    lambda bv, i, j: [*bv, i, j])
+                        b_at, lambda acc_value, _, r, j: epilogue(acc_value, *rows(r), j), fold(out_at))
+    return GemmSpec(func, a.source, b.source, out, tuple(batch), m, n, k, n_out, k_major, a_at, b_at, epilogue, out_at)
 
 
 # from the tile sweep in benchmarks/results/matmul-h200.json: 64 x 64 warp tiles where there is work for every SM;
@@ -284,34 +290,27 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
 
     @T.macro
-    def load_stage(smem, kt, stage, bv, m0, n0, tx):
-        """cp.async the A and B tiles of k-tile ``kt`` into ring slot ``stage``; out-of-range chunks read as 0."""
-        for it in T.unroll(BM * A_CPR // NT):
-            r = T.meta_var((it * NT + tx) // A_CPR)
-            c = T.meta_var((it * NT + tx) % A_CPR * CH)
+    def copy_tile(smem, base, src, at, row0, nrows, col0, ncols, rows, cpr, pitch, bv, tx):
+        """cp.async ``rows`` x ``cpr`` 16-byte chunks of a row-major operand (indices ``at(bv, row, col)``) from
+        (row0, col0) into smem[base:], rows ``pitch`` apart; chunks past (nrows, ncols) read as 0."""
+        for it in T.unroll(rows * cpr // NT):
+            r = T.meta_var((it * NT + tx) // cpr)
+            c = T.meta_var((it * NT + tx) % cpr * CH)
             T.ptx["cp.async.cg.shared.global"](
-                smem.ptr_to([stage * A_STAGE + r * AP + c]),
-                A.ptr_to(spec.a_at(bv, T.min(m0 + r, M - 1), T.min(kt * BK + c, K - CH))),
+                smem.ptr_to([base + r * pitch + c]),
+                src.ptr_to(at(bv, T.min(row0 + r, nrows - 1), T.min(col0 + c, ncols - CH))),
                 16,
-                T.Cast("uint32", T.if_then_else(T.And(m0 + r < M, kt * BK + c < K), 16, 0)),
+                T.Cast("uint32", T.if_then_else(T.And(row0 + r < nrows, col0 + c < ncols), 16, 0)),
             )
-        for it in T.unroll(B_ROWS * B_CPR // NT):
-            r = T.meta_var((it * NT + tx) // B_CPR)
-            c = T.meta_var((it * NT + tx) % B_CPR * CH)
-            if spec.b_k_major:  # rows are output columns j, chunks along k
-                T.ptx["cp.async.cg.shared.global"](
-                    smem.ptr_to([B_OFF + stage * B_STAGE + r * BP + c]),
-                    B.ptr_to(spec.b_at(bv, T.min(n0 + r, N - 1), T.min(kt * BK + c, K - CH))),
-                    16,
-                    T.Cast("uint32", T.if_then_else(T.And(n0 + r < N, kt * BK + c < K), 16, 0)),
-                )
-            else:  # rows are k, chunks along j
-                T.ptx["cp.async.cg.shared.global"](
-                    smem.ptr_to([B_OFF + stage * B_STAGE + r * BP + c]),
-                    B.ptr_to(spec.b_at(bv, T.min(kt * BK + r, K - 1), T.min(n0 + c, N - CH))),
-                    16,
-                    T.Cast("uint32", T.if_then_else(T.And(kt * BK + r < K, n0 + c < N), 16, 0)),
-                )
+
+    @T.macro
+    def load_stage(smem, kt, stage, bv, m0, n0, tx):
+        """cp.async the A and B tiles of k-tile ``kt`` into ring slot ``stage``."""
+        copy_tile(smem, stage * A_STAGE, A, spec.a_at, m0, M, kt * BK, K, BM, A_CPR, AP, bv, tx)
+        if spec.b_k_major:  # rows are output columns j, chunks along k
+            copy_tile(smem, B_OFF + stage * B_STAGE, B, spec.b_at, n0, N, kt * BK, K, B_ROWS, B_CPR, BP, bv, tx)
+        else:  # rows are k, chunks along j
+            copy_tile(smem, B_OFF + stage * B_STAGE, B, spec.b_at, kt * BK, K, n0, N, B_ROWS, B_CPR, BP, bv, tx)
 
     @T.macro
     def ldmatrix(trans, frag, frag_off, smem, smem_off):
@@ -325,7 +324,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
 
     @T.macro
     def mma_tf32(a, a_off, b, b_off, c, c_off):
-        T.ptx_legacy.mma("m16n8k8", "row", "col", "tf32", "tf32", "fp32", a.data, a_off, b.data, b_off, c.data, c_off,
+        T.ptx_legacy.mma("m16n8k8", "row", "col", ab, ab, "fp32", a.data, a_off, b.data, b_off, c.data, c_off,
                          False, dtype=f32)
 
     @T.macro
