@@ -3,8 +3,9 @@
 Exporters write attention as ``MatMul(Q, Kᵀ) -> Mul/Div by a scale -> (Add mask | Where mask) -> Softmax
 -> MatMul(·, V)``, with the scale anywhere on that path or on Q and Kᵀ (PyTorch's SDPA export scales both
 by sqrt(scale) and zeroes NaN probabilities, ``Where(IsNaN(P), 0, P)``, before P·V: a fully masked row gives
-0, which the fused op reproduces with the same Where on its output; they differ only for a NaN or inf in V), heads split by Reshape/Transpose, ``[batch, heads, seq, dim]`` (4-D) or
-``[batch*heads, seq, dim]`` (3-D) operands and additive masks that may come from an input or be a constant.
+0, which the fused op reproduces with the same Where on its output; they differ only for a NaN or inf in V),
+heads split by Reshape/Transpose, ``[batch, heads, seq, dim]`` (4-D) or ``[batch*heads, seq, dim]`` (3-D)
+operands and additive masks that may come from an input or be a constant.
 Unfused, that is five kernels and four ``seq_q x seq_k`` score tensors written and read back per head;
 as one op it is one kernel that can keep the scores on chip (the flash-attention schedule).
 
@@ -180,7 +181,7 @@ def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr],
 def _nan_zeroed(probs: relax.Expr, var2val: dict, uses) -> relax.Expr | None:
     """The probabilities under ``where(isnan(P), 0, P)``, if ``probs`` is that and nothing else reads its parts."""
     where = var2val.get(probs)
-    if not (isinstance(where, relax.Call) and where.op.name == "relax.where"):
+    if not (private(probs, uses) and isinstance(where, relax.Call) and where.op.name == "relax.where"):
         return None
     test, zero, p = where.args
     isnan = var2val.get(test)
@@ -196,9 +197,8 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     if rank not in (3, 4) or int(softmax.attrs.axis) % rank != rank - 1 or dtype(out) != dtype(v):
         return out  # (a P·V summed in float32 is taken at its cast back to V's type)
     nan_zeroed = _NAN_ZEROED in matches
-    if nan_zeroed:
-        if not private(probs, uses) or (probs := _nan_zeroed(probs, var2val, uses)) is None:
-            return out
+    if nan_zeroed and (probs := _nan_zeroed(probs, var2val, uses)) is None:
+        return out
     cast = var2val.get(probs)
     inner = [cast.args[0]] if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else []
     lone = [] if nan_zeroed else [probs]  # (under the where, P has its two readers: isnan and the where)
