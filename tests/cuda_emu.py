@@ -90,19 +90,19 @@ static void emu_ldmatrix(bool trans, int num, unsigned addr, unsigned** out) {
 template <typename T> static float emu_elem(uint32_t reg, int k) {
   T v; std::memcpy(&v, (char*)&reg + 2 * k, 2); return (float)v;
 }
-// mma.m16n8k16.row.col, fp32 accumulate (g = lane/4, t = lane%4): A regs hold rows (g, g+8, g, g+8) x
-// cols (2t, 2t, 2t+8, 2t+8) (+0, +1); B regs hold k (2t, 2t+8) (+0, +1) of column g; C/D hold (g, 2t..), (g+8, 2t..).
-template <typename T> static void emu_mma(float** d, const unsigned* a, const unsigned* b, const float* c) {
+// The warp's mma.sync: every lane publishes its A (4 regs), B (2 regs) and C (4 floats), then computes its own
+// D = A B + C for an m16n8kK tile. fill(lane's regs, g, t, A, B) places one lane's A and B elements
+// (g = lane/4, t = lane%4); C/D hold (g, 2t..2t+1) and (g+8, 2t..2t+1) for every shape.
+template <int K, typename Fill>
+static void emu_mma_warp(float** d, const unsigned* a, const unsigned* b, const float* c, Fill fill) {
   int t = threadIdx.x, lane = t % 32, w0 = t - lane;
   std::memcpy(&emu_slots[t][0], a, 16); std::memcpy(&emu_slots[t][4], b, 8); std::memcpy(&emu_slots[t][6], c, 16);
   warp_sync();
-  float A[16][16], B[16][8], C[16][8];
+  float A[16][K], B[K][8], C[16][8];
   for (int l = 0; l < 32; ++l) {
     int g = l / 4, q = l % 4;
+    fill(emu_slots[w0 + l], g, q, A, B);
     for (int k = 0; k < 2; ++k) {
-      A[g][2 * q + k] = emu_elem<T>(emu_slots[w0 + l][0], k); A[g + 8][2 * q + k] = emu_elem<T>(emu_slots[w0 + l][1], k);
-      A[g][2 * q + 8 + k] = emu_elem<T>(emu_slots[w0 + l][2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(emu_slots[w0 + l][3], k);
-      B[2 * q + k][g] = emu_elem<T>(emu_slots[w0 + l][4], k); B[2 * q + 8 + k][g] = emu_elem<T>(emu_slots[w0 + l][5], k);
       std::memcpy(&C[g][2 * q + k], &emu_slots[w0 + l][6 + k], 4); std::memcpy(&C[g + 8][2 * q + k], &emu_slots[w0 + l][8 + k], 4);
     }
   }
@@ -111,35 +111,29 @@ template <typename T> static void emu_mma(float** d, const unsigned* a, const un
   for (int r = 0; r < 4; ++r) {
     int row = g + r / 2 * 8, col = 2 * q + r % 2;
     float acc = C[row][col];
-    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    for (int k = 0; k < K; ++k) acc += A[row][k] * B[k][col];
     *d[r] = acc;
   }
 }
+// mma.m16n8k16.row.col, fp32 accumulate: A regs hold rows (g, g+8, g, g+8) x cols (2t, 2t, 2t+8, 2t+8)
+// (+0, +1); B regs hold k (2t, 2t+8) (+0, +1) of column g.
+template <typename T> static void emu_mma(float** d, const unsigned* a, const unsigned* b, const float* c) {
+  emu_mma_warp<16>(d, a, b, c, [](const uint32_t* r, int g, int q, float (*A)[16], float (*B)[8]) {
+    for (int k = 0; k < 2; ++k) {
+      A[g][2 * q + k] = emu_elem<T>(r[0], k); A[g + 8][2 * q + k] = emu_elem<T>(r[1], k);
+      A[g][2 * q + 8 + k] = emu_elem<T>(r[2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(r[3], k);
+      B[2 * q + k][g] = emu_elem<T>(r[4], k); B[2 * q + 8 + k][g] = emu_elem<T>(r[5], k);
+    }
+  });
+}
 // mma.m16n8k8.row.col.f32.tf32.tf32.f32: A regs hold (g, t), (g+8, t), (g, t+4), (g+8, t+4); B regs k (t, t+4) of
-// column g; C/D as m16n8k16. A tf32 operand is its fp32 register with the low 13 mantissa bits ignored.
+// column g. A tf32 operand is its fp32 register with the low 13 mantissa bits ignored.
 static float emu_tf32(uint32_t reg) { reg &= 0xFFFFE000u; float f; std::memcpy(&f, &reg, 4); return f; }
 static void emu_mma_tf32(float** d, const unsigned* a, const unsigned* b, const float* c) {
-  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
-  std::memcpy(&emu_slots[t][0], a, 16); std::memcpy(&emu_slots[t][4], b, 8); std::memcpy(&emu_slots[t][6], c, 16);
-  warp_sync();
-  float A[16][8], B[8][8], C[16][8];
-  for (int l = 0; l < 32; ++l) {
-    int g = l / 4, q = l % 4;
-    A[g][q] = emu_tf32(emu_slots[w0 + l][0]); A[g + 8][q] = emu_tf32(emu_slots[w0 + l][1]);
-    A[g][q + 4] = emu_tf32(emu_slots[w0 + l][2]); A[g + 8][q + 4] = emu_tf32(emu_slots[w0 + l][3]);
-    B[q][g] = emu_tf32(emu_slots[w0 + l][4]); B[q + 4][g] = emu_tf32(emu_slots[w0 + l][5]);
-    for (int k = 0; k < 2; ++k) {
-      std::memcpy(&C[g][2 * q + k], &emu_slots[w0 + l][6 + k], 4); std::memcpy(&C[g + 8][2 * q + k], &emu_slots[w0 + l][8 + k], 4);
-    }
-  }
-  warp_sync();
-  int g = lane / 4, q = lane % 4;
-  for (int r = 0; r < 4; ++r) {
-    int row = g + r / 2 * 8, col = 2 * q + r % 2;
-    float acc = C[row][col];
-    for (int k = 0; k < 8; ++k) acc += A[row][k] * B[k][col];
-    *d[r] = acc;
-  }
+  emu_mma_warp<8>(d, a, b, c, [](const uint32_t* r, int g, int q, float (*A)[8], float (*B)[8]) {
+    A[g][q] = emu_tf32(r[0]); A[g + 8][q] = emu_tf32(r[1]); A[g][q + 4] = emu_tf32(r[2]); A[g + 8][q + 4] = emu_tf32(r[3]);
+    B[q][g] = emu_tf32(r[4]); B[q + 4][g] = emu_tf32(r[5]);
+  });
 }
 static void emu_cp_async(unsigned dst, const void* src, unsigned bytes, unsigned src_bytes) {
   std::memset(emu_smem + dst, 0, bytes);
@@ -219,17 +213,13 @@ def _rewrite_asm(body: str) -> str:
             num = int(re.search(r"\.x(\d)", insn).group(1))
             regs = ", ".join(f"(unsigned*)&({o})" for o in outs)
             call = f"{{ unsigned* r_[] = {{{regs}}}; emu_ldmatrix({str('.trans' in insn).lower()}, {num}, {ins[0]}, r_); }}"
-        elif insn.startswith("mma.sync.aligned.m16n8k16.row.col.f32."):
-            elem = {"f16": "half", "bf16": "nv_bfloat16"}[insn.split(".")[7]]
+        elif insn.startswith(("mma.sync.aligned.m16n8k16.row.col.f32.", "mma.sync.aligned.m16n8k8.row.col.f32.tf32")):
+            elem = insn.split(".")[7]
+            fn = "emu_mma_tf32" if elem == "tf32" else "emu_mma<%s>" % {"f16": "half", "bf16": "nv_bfloat16"}[elem]
             ds = ", ".join(f"(float*)&({o})" for o in outs)
             call = (f"{{ float* d_[] = {{{ds}}}; unsigned a_[] = {{{', '.join(ins[:4])}}}; "
                     f"unsigned b_[] = {{{', '.join(ins[4:6])}}}; float c_[] = {{{', '.join(ins[6:10])}}}; "
-                    f"emu_mma<{elem}>(d_, a_, b_, c_); }}")
-        elif insn.startswith("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"):
-            ds = ", ".join(f"(float*)&({o})" for o in outs)
-            call = (f"{{ float* d_[] = {{{ds}}}; unsigned a_[] = {{{', '.join(ins[:4])}}}; "
-                    f"unsigned b_[] = {{{', '.join(ins[4:6])}}}; float c_[] = {{{', '.join(ins[6:10])}}}; "
-                    f"emu_mma_tf32(d_, a_, b_, c_); }}")
+                    f"{fn}(d_, a_, b_, c_); }}")
         else:
             raise NotImplementedError(f"no emulation for PTX '{insn}'")
         out += [body[pos : m.start()], call]
