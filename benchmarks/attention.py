@@ -45,6 +45,7 @@ class Case:
     bias: str | None = None  # None, "padding" [b,1,1,kv], "mask" [1,h,q,kv], "masked-rows" [b,h,q,kv]
     causal: str | None = None  # None, "TopLeft", "BottomRight"
     bench: bool = False
+    splits: tuple[int, ...] = ()  # SIMT kernel: lanes per query row to time besides the rule's choice (no torch)
 
     @property
     def bias_shape(self) -> tuple[int, ...] | None:
@@ -91,6 +92,9 @@ CASES = [
     Case("fully_masked_rows", 1, 200, 300, 2, 2, 64, bias="masked-rows"),
     Case("fallback_fp32", 1, 300, 300, 4, 4, 64, "float32", causal="TopLeft"),
     Case("fallback_d80", 2, 129, 129, 4, 4, 80),
+] + [  # the zoo's fp32 attention at batch 1 (CUDA cores): BERT-base (key padding), GPT-2 prefill (causal), ViT-B/16
+    Case(f"zoo_fp32_{name}", 1, s, s, 12, 12, 64, "float32", bias=bias, causal=causal, splits=(1, 2, 4, 8, 16))
+    for name, s, bias, causal in (("bert", 128, "padding", None), ("gpt2", 256, None, "TopLeft"), ("vit", 197, None, None))
 ]
 
 
@@ -102,7 +106,7 @@ def build() -> None:
     from compiler import targets
     from compiler.build import Built
     from schedules.attention import Attention, AttentionSpec, canonical_attention
-    from schedules.attention_cuda import flash_mma
+    from schedules.attention_cuda import flash_mma, flash_simt
 
     info = targets.resolve("cuda-sm90")
     funcs = {}
@@ -119,6 +123,9 @@ def build() -> None:
         for cfg in case.variants(spec):
             name = f"{case.name}__{cfg.name}"
             funcs[name] = flash_mma(spec, cfg).with_attr("global_symbol", name)
+        for split in case.splits:
+            name = f"{case.name}__split{split}"
+            funcs[name] = flash_simt(spec, split).with_attr("global_symbol", name)
     BUILD.mkdir(parents=True, exist_ok=True)
     gpu = Built(tvm.compile(tvm.IRModule(funcs), target=info.target), info).export(LIB)
     (BUILD / "kernels.json").write_text(json.dumps({"tvm": tvm.__version__, "kernels": sorted(funcs)}, indent=1))
@@ -203,6 +210,7 @@ def run(out: Path) -> None:
                 "causal": bool(case.causal), "causal_mode": case.causal, "device": device}
         heads = sorted({0, case.heads - 1})  # checked against float64: first and last head, 1 batch when benchmarking
         batch = 1 if case.bench else case.batch
+        timed = case.bench or bool(case.splits)
         reps = max(5, min(100, int(2e13 / case.flops)))
         t = None
         for kernel in [case.name] + [n for n in kernels if n.startswith(case.name + "__")]:
@@ -217,7 +225,7 @@ def run(out: Path) -> None:
                 torch.cuda.synchronize()
                 err = error(o[:batch, :, heads], reference(case, t, heads, batch))
                 rec = {**base, "impl": "tvmpipe", **variant, "max_rel_err": err, "correct": err <= TOL[case.dtype]}
-                if case.bench:
+                if timed:
                     ms = 1e3 * lib.time_evaluator(kernel, dev, number=reps, repeat=1)(*args).mean
                     rec.update(ms=ms, tflops=case.flops / ms / 1e9)
                 records.append(rec)
@@ -311,7 +319,7 @@ def plot(records: list[dict], path: Path, device: str) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharey=True)
     panels = [(d, c) for d in (64, 128) for c in (False, True)]
     for ax, (d, causal) in zip(axes, panels):
-        bench = [r for r in records if r.get("tflops") and r["d"] == d and r["causal"] == causal]
+        bench = [r for r in records if r.get("tflops") and r["dtype"] == "float16" and r["d"] == d and r["causal"] == causal]
         lines = {impl: [r for r in bench if r["impl"] == impl and "variant" not in r]
                  for impl in ("tvmpipe", "torch-flash", "torch-cudnn")}
         best = {}

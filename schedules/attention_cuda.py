@@ -52,17 +52,18 @@ TC_HEAD_DIMS = (32, 64, 96, 128)
 TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
+def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.Target) -> bool:
+    """Whether attention of this type and head dims gets the tensor-core kernel on ``target``."""
+    arch = str(target.attrs.get("arch", "sm_80"))
+    return (dtype in TC_DTYPES and head_dim == head_dim_v and head_dim in TC_HEAD_DIMS
+            and int(arch.removeprefix("sm_")) >= 80)
+
+
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     """The fused kernel for ``spec`` (an ``AttentionSpec``): tensor cores where they apply."""
-    arch = str(target.attrs.get("arch", "sm_80"))
-    if (
-        spec.dtype in TC_DTYPES
-        and spec.head_dim == spec.head_dim_v
-        and spec.head_dim in TC_HEAD_DIMS
-        and int(arch.removeprefix("sm_")) >= 80
-    ):
+    if tensor_cores(spec.dtype, spec.head_dim, spec.head_dim_v, target):
         return flash_mma(spec, choose(spec))
-    return flash_simt(spec)
+    return flash_simt(spec, simt_split(spec))
 
 
 @dataclass(frozen=True)
@@ -402,15 +403,42 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     return kernel_signature(spec, body)
 
 
-def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
-    """Correct fallback for any dtype / head dims: one thread per query row, K/V tiles in shared memory."""
+SIMT_THREADS = 128
+SIMT_MIN_CTAS = 264  # two CTAs per SM on the H200's 132 SMs
+
+
+def simt_split(spec) -> int:
+    """Lanes that share one query row in the SIMT kernel: 2 when one lane per row gives fewer than
+    ``SIMT_MIN_CTAS`` CTAs, else 1.
+
+    One lane per row leaves short-sequence models with a handful of CTAs whose every lane walks all keys
+    (BERT-base, batch 1: 12 CTAs). Splitting a row's keys over 2 lanes halves that chain and doubles the CTAs
+    (H200, fp32, batch 1: BERT / GPT-2 / ViT 1.8-2.8 TFLOP/s, one lane 1.3-1.8); more lanes lose (0.7-1.7):
+    each CTA then streams all of K and V through shared memory for fewer rows.
+    A symbolic batch or sequence keeps one lane per row (its size is unknown; large is the safe guess).
+    """
+    if not (isinstance(spec.batch, int) and isinstance(spec.seq_q, int)):
+        return 1
+    return 2 if spec.batch * spec.heads * -(-spec.seq_q // SIMT_THREADS) < SIMT_MIN_CTAS else 1
+
+
+def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
+    """Correct fallback for any dtype / head dims on CUDA cores: ``split`` lanes per query row, K/V tiles in shared memory.
+
+    Lane ``part`` of a row takes keys ``part, part + split, ...`` of each tile with its own online softmax;
+    the lanes' partial (max, sum, output) are merged with warp shuffles at the end.
+    """
     H, G, D, DV, dtype = spec.heads, spec.group, spec.head_dim, spec.head_dim_v, spec.dtype
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     offset = causal_offset(sq, skv, spec.causal)
+    NT = SIMT_THREADS
+    rows = NT // split
     BK = 32 if max(D, DV) <= 128 else 16
+    KP = BK // split  # keys of a tile per lane
     nq = (sq + rows - 1) // rows
-    f32, neg_inf = "float32", T.float32("-inf")
+    f32, neg_inf, full = "float32", T.float32("-inf"), T.uint32(0xFFFFFFFF)
+    assert split & (split - 1) == 0 and split <= BK, "lanes per row: a power of two up to the tile's keys"
 
     def tile_start(bx):
         return (nq - 1 - bx) * rows if causal else bx * rows
@@ -418,23 +446,28 @@ def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
     def kv_limit(q0):
         return T.min(skv, T.min(q0 + rows, sq) + offset) if causal else skv
 
+    def shfl(x, m):
+        return T.tvm_warp_shuffle_xor(full, x, m, 32, 32)
+
     @T.macro
     def body(q, k, v, bias, out):
         for bx in T.thread_binding(nq, thread="blockIdx.x"):
             for h in T.thread_binding(H, thread="blockIdx.y"):
                 for b in T.thread_binding(batch, thread="blockIdx.z"):
-                    for tx in T.thread_binding(rows, thread="threadIdx.x"):
+                    for tx in T.thread_binding(NT, thread="threadIdx.x"):
                         with T.sblock("attention_simt"):
                             T.reads()
                             T.writes()
-                            ks = T.alloc_buffer((BK, D), f32, scope="shared.dyn")
+                            # rows padded by one word: the lanes of a row read consecutive keys in different banks
+                            ks = T.alloc_buffer((BK, D + 1), f32, scope="shared.dyn")
                             vs = T.alloc_buffer((BK, DV), f32, scope="shared.dyn")
                             qr = T.alloc_buffer((D,), f32, scope="local")
                             o = T.alloc_buffer((DV,), f32, scope="local")
-                            s = T.alloc_buffer((BK,), f32, scope="local")
+                            s = T.alloc_buffer((KP,), f32, scope="local")
                             st = T.alloc_buffer((4,), f32, scope="local")  # running max, sum; tile max; rescale
                             q0 = T.meta_var(tile_start(bx))
-                            row = T.meta_var(q0 + tx)
+                            row = T.meta_var(q0 + tx // split)
+                            part = T.meta_var(tx % split)
                             hk = T.meta_var(h // G)
                             for dd in T.unroll(D):
                                 qr[dd] = T.Cast(f32, q[b, T.min(row, sq - 1), h, dd]) * T.float32(spec.scale)
@@ -445,8 +478,8 @@ def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
                             for j in T.serial((kv_limit(q0) + BK - 1) // BK):
                                 k0 = T.meta_var(j * BK)
                                 T.tvm_storage_sync("shared")
-                                for it in range((BK * max(D, DV) + rows - 1) // rows):
-                                    e = T.meta_var(it * rows + tx)
+                                for it in range((BK * max(D, DV) + NT - 1) // NT):
+                                    e = T.meta_var(it * NT + tx)
                                     if e < BK * D:
                                         ks[e // D, e % D] = T.Cast(f32, k[b, T.min(k0 + e // D, skv - 1), hk, e % D])
                                     if e < BK * DV:
@@ -456,13 +489,14 @@ def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
                                         )
                                 T.tvm_storage_sync("shared")
                                 st[2] = st[0]
-                                for jj in range(BK):
+                                for jj in T.unroll(KP):
+                                    key = T.meta_var(jj * split + part)
                                     s[jj] = T.float32(0)
                                     for dd in T.unroll(D):
-                                        s[jj] = s[jj] + qr[dd] * ks[jj, dd]
+                                        s[jj] = s[jj] + qr[dd] * ks[key, dd]
                                     if has_bias:
-                                        s[jj] = s[jj] + spec.bias_at(bias, b, h, row, k0 + jj)
-                                    s[jj] = T.if_then_else(spec.visible(row, k0 + jj), s[jj], neg_inf)
+                                        s[jj] = s[jj] + spec.bias_at(bias, b, h, row, k0 + key)
+                                    s[jj] = T.if_then_else(spec.visible(row, k0 + key), s[jj], neg_inf)
                                     st[2] = T.max(st[2], s[jj])
                                 base = T.meta_var(T.if_then_else(st[2] == neg_inf, T.float32(0), st[2]))
                                 st[3] = T.exp(st[0] - base)
@@ -470,13 +504,26 @@ def flash_simt(spec, rows: int = 128) -> tvm.tirx.PrimFunc:
                                 st[1] = st[1] * st[3]
                                 for c in T.unroll(DV):
                                     o[c] = o[c] * st[3]
-                                for jj in range(BK):
+                                for jj in T.unroll(KP):
                                     s[jj] = T.exp(s[jj] - base)
                                     st[1] = st[1] + s[jj]
                                     for c in T.unroll(DV):
-                                        o[c] = o[c] + s[jj] * vs[jj, c]
+                                        o[c] = o[c] + s[jj] * vs[jj * split + part, c]
+                            if split > 1:  # merge the row's lanes (adjacent in the warp): rescale each to the row max, add
+                                st[2] = st[0]
+                                for lg in T.unroll(split.bit_length() - 1):
+                                    st[2] = T.max(st[2], shfl(st[2], 1 << lg))
+                                st[3] = T.exp(st[0] - T.if_then_else(st[2] == neg_inf, T.float32(0), st[2]))
+                                st[1] = st[1] * st[3]
+                                for lg in T.unroll(split.bit_length() - 1):
+                                    st[1] = st[1] + shfl(st[1], 1 << lg)
+                                for c in T.unroll(DV):
+                                    o[c] = o[c] * st[3]
+                                    for lg in T.unroll(split.bit_length() - 1):
+                                        o[c] = o[c] + shfl(o[c], 1 << lg)
                             if row < sq:
-                                for c in range(DV):
-                                    out[b, row, h, c] = T.Cast(dtype, o[c] / st[1])
+                                for c in T.unroll(DV):  # the lanes of a row take turns by column (static register index)
+                                    if c % split == part:
+                                        out[b, row, h, c] = T.Cast(dtype, o[c] / st[1])
 
     return kernel_signature(spec, body)

@@ -10,6 +10,8 @@ cannot pad a row to a tile multiple nor keep a thread's slice of the row compact
   ``vec * itemsize == 16``), cached on chip and read from memory once.
 - ``cuda_split``: the same tiling over ``chunks`` slices of a long row, in two kernels: per-chunk
   (max, sum of exp) partials, then a combine + normalise pass.
+- ``cuda_stream`` is a finished CUDA kernel instead (hand-written: its row ends are masked per element
+  while the rest of the row moves in aligned vectors, which no tiling of [rows, cols] expresses).
 - ``cpu``: one block per row, three vectorised passes (max, exp with sum, scale) with ``vexp``.
 
 Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x - max))`` and
@@ -19,10 +21,13 @@ Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x -
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.script import tirx as T
 
 ACC = "float32"
+LOG2E = math.log2(math.e)
 
 
 def _normalized(kind: str, x, row_max, row_sum, exp=T.exp):
@@ -60,19 +65,15 @@ def canonical(rows: int, cols: int, dtype: str, kind: str):
     return func
 
 
-def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cache: str = ""):
-    """Row-resident softmax: blocks load / row_max / row_sum / normalize / store over [r, j, l, v].
-
-    ``cache`` is the dtype of the cached row (default: the input's).
-    """
+def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int):
+    """Row-resident softmax: blocks load / row_max / row_sum / normalize / store over [r, j, l, v]."""
     nvec = cols // vec  # vectors per row; slots j * lanes + l >= nvec are padding
     J, L, V = per_thread, lanes, vec
-    cache = cache or dtype
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
-        xc = T.sblock_alloc_buffer((rows, J, L, V), cache)
+        xc = T.sblock_alloc_buffer((rows, J, L, V), dtype)
         row_max = T.sblock_alloc_buffer((rows,), ACC)
         ec = T.sblock_alloc_buffer((rows, J, L, V), ACC)  # exp(x - max), computed once per element
         row_sum = T.sblock_alloc_buffer((rows,), ACC)
@@ -81,7 +82,7 @@ def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int,
             with T.sblock("load"):
                 vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
                 xc[vr, vj, vl, vv] = T.if_then_else(
-                    vj * L + vl < nvec, T.Cast(cache, x[vr, (vj * L + vl) * V + vv]), T.Cast(cache, T.float32("-inf"))
+                    vj * L + vl < nvec, x[vr, (vj * L + vl) * V + vv], T.Cast(dtype, T.float32("-inf"))
                 )
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("row_max"):
@@ -191,6 +192,126 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
                 vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
                 if ((P - 1 - vp) * J + vj) * L + vl < nvec:
                     y[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv] = yb[vr, vp, vj, vl, vv]
+
+    return func
+
+
+def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int):
+    """Streaming softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row,
+    nothing cached. Pass 1 keeps an online (max, sum of exp) per thread, merged across the block; pass 2
+    reads the row again and writes it. The block has just read the row, so the second read is served by L2:
+    memory sees one read and one write, and with little state per thread several blocks share an SM, so
+    one block's reductions overlap another's loads (a register-cached long row leaves one block per SM).
+
+    The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length
+    (50257) still gets 128-bit accesses; the two vectors at its ends, shared with the neighbouring rows, are
+    read and written element by element. Each thread has ``per_thread`` vectors in flight per step. Pass 2
+    walks the row backwards: it starts on what pass 1 read last, should L2 not hold all rows in flight.
+    """
+    L, V, U, W = lanes, vec, per_thread, lanes // 32
+    assert L % 32 == 0 and L <= 1024, L
+    steps = -(-((cols + 2 * V - 2) // V) // (L * U))  # a row touches at most this many vectors
+    f32, neg_inf = ACC, T.float32("-inf")
+
+    def shfl(value, lg):  # value of the lane whose id differs in bit lg
+        return T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), value, T.shift_left(1, lg), 32, 32)
+
+    def vector(it, u, tx):  # the row's vector a thread takes: consecutive threads, consecutive vectors
+        return (it * U + u) * L + tx
+
+    def start(r, it, u, tx):  # flat index of that vector's first element, visibly a multiple of V (else TVM gathers)
+        return (r * cols // V + vector(it, u, tx)) * V
+
+    def offset(r, it, u, tx, v):  # that element's column in row r (outside [0, cols): another row's)
+        return vector(it, u, tx) * V + v - r * cols % V
+
+    def whole(r, it, u, tx):  # all of that vector is row r's
+        return tirx.all(0 <= offset(r, it, u, tx, 0), offset(r, it, u, tx, V - 1) < cols)
+
+    def mine(r, it, u, tx, v):
+        return tirx.all(0 <= offset(r, it, u, tx, v), offset(r, it, u, tx, v) < cols)
+
+    def ex(value, m):  # exp(value - m) through exp2: one multiply where expf reduces its argument
+        return T.exp2((value - m) * T.float32(LOG2E))
+
+    def nonzero(m):  # the max to subtract: a part holding only -inf has none (exp(-inf - 0) = 0)
+        return T.if_then_else(m == neg_inf, T.float32(0), m)
+
+    def result(value, stat):  # the output for a float32 input value; stat = (max, 1 / sum or log sum)
+        if kind == "log_softmax":
+            return T.Cast(dtype, value - stat[0] - stat[1])
+        return T.Cast(dtype, ex(value, stat[0]) * stat[1])
+
+    @T.macro(hygienic=False)
+    def load(it):
+        """xv <- step ``it``'s vectors; elements that are not this row's are -inf (and not read)."""
+        for u in T.unroll(U):
+            if whole(r, it, u, tx):
+                for v in T.vectorized(V):
+                    xv[u, v] = xf[start(r, it, u, tx) + v]
+            else:
+                for v in T.unroll(V):
+                    xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], T.Cast(dtype, neg_inf))
+
+    @T.macro
+    def butterfly(st, rounds):
+        """(st[0], st[1]) <- the (max, sum of exp(x - max)) of the warp's 2^rounds-lane groups."""
+        for lg in T.unroll(rounds):
+            st[2] = shfl(st[0], lg)
+            st[3] = shfl(st[1], lg)
+            st[4] = T.max(st[0], st[2])
+            st[1] = st[1] * ex(st[0], nonzero(st[4])) + st[3] * ex(st[2], nonzero(st[4]))
+            st[0] = st[4]
+
+    @T.prim_func(s_tir=True)
+    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        xf = T.decl_buffer((rows * cols,), dtype, data=x.data)
+        yf = T.decl_buffer((rows * cols,), dtype, data=y.data)
+        for r in T.thread_binding(rows, thread="blockIdx.x"):
+            for tx in T.thread_binding(L, thread="threadIdx.x"):
+                with T.sblock("softmax_stream"):
+                    T.reads()
+                    T.writes()
+                    xv = T.alloc_buffer((U, V), dtype, scope="local")
+                    st = T.alloc_buffer((5,), f32, scope="local")  # max, sum; a peer's max, sum / a step's max; scratch
+                    red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
+                    st[0] = neg_inf
+                    st[1] = T.float32(0)
+                    for it in T.serial(steps):  # pass 1: online (max, sum)
+                        load(it)
+                        st[2] = st[0]
+                        for u in T.unroll(U):
+                            for v in T.unroll(V):
+                                st[2] = T.max(st[2], T.Cast(f32, xv[u, v]))
+                        st[1] = st[1] * ex(st[0], nonzero(st[2]))
+                        for u in T.unroll(U):
+                            for v in T.unroll(V):
+                                st[1] = st[1] + ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
+                        st[0] = st[2]
+                    butterfly(st, 5)  # the warp's (max, sum) in every lane
+                    if W > 1:  # the block's: the warps' pairs through shared memory, merged by every warp
+                        if tx % 32 == 0:
+                            red[0, tx // 32] = st[0]
+                            red[1, tx // 32] = st[1]
+                        T.tvm_storage_sync("shared")
+                        st[0] = T.if_then_else(tx % 32 < W, red[0, tx % 32], neg_inf)
+                        st[1] = T.if_then_else(tx % 32 < W, red[1, tx % 32], T.float32(0))
+                        butterfly(st, 5)
+                    st[0] = nonzero(st[0])
+                    st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
+                    for ti in T.serial(steps):  # pass 2, last step first: normalise, write
+                        load(steps - 1 - ti)
+                        for u in T.unroll(U):
+                            for v in T.unroll(V):
+                                xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
+                            if whole(r, steps - 1 - ti, u, tx):
+                                for v in T.vectorized(V):
+                                    yf[start(r, steps - 1 - ti, u, tx) + v] = xv[u, v]
+                            else:
+                                for v in T.unroll(V):
+                                    if mine(r, steps - 1 - ti, u, tx, v):
+                                        yf[start(r, steps - 1 - ti, u, tx) + v] = xv[u, v]
 
     return func
 

@@ -45,6 +45,7 @@ struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
   operator float() const { uint32_t u = (uint32_t)bits << 16; float f; std::memcpy(&f, &u, 4); return f; }
 };
 struct uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
 struct Dim3 { int x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static char* emu_smem;

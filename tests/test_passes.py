@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
+from compiler import targets
 from helpers import compile_and_compare, make_model, rel_err, run_cli, save
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "models"))
@@ -221,6 +222,21 @@ def test_torch_sdpa_export_is_one_kernel(capsys, tmp_path, rng):
     assert rel_err(ours[name], ref[name]) < 1e-5
     ops = [op for k in kernels(capsys, tmp_path / "model.onnx") for op in k["ops"]]
     assert ops.count("relax.nn.attention_bias") == 1 and "relax.nn.softmax" not in ops, ops
+
+
+def test_attention_fuses_on_cuda_only_onto_tensor_cores(capsys, tmp_path):
+    """On CUDA the fused op must get the tensor-core kernel (fp16/bf16, head dims 32-128): an fp32 graph keeps
+    its chain there (its GEMMs take the tensor-core GEMM kernel), while the CPU target fuses it."""
+    from compiler.passes.attention import _fused_is_faster
+
+    path = save(blocks.attention("bert"), tmp_path / "m.onnx")
+    cpu = [op for k in kernels(capsys, path) for op in k["ops"]]
+    cuda = [op for k in kernels(capsys, path, "--target", "cuda-sm90") for op in k["ops"]]
+    assert "relax.nn.attention_bias" in cpu and "relax.nn.softmax" not in cpu, cpu
+    assert "relax.nn.attention_bias" not in cuda and cuda.count("relax.matmul") == cpu.count("relax.matmul") + 2, cuda
+    with targets.resolve("cuda-sm90").target:
+        assert _fused_is_faster("float16", 64, 64) and _fused_is_faster("bfloat16", 128, 128)
+        assert not any(_fused_is_faster(*a) for a in (("float32", 64, 64), ("float16", 80, 80), ("float16", 64, 32)))
 
 
 def test_attention_output_used_elsewhere_is_left_alone(capsys, tmp_path, rng):

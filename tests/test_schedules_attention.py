@@ -222,6 +222,43 @@ def test_cuda_tile_configs_emulated(rng, cfg, case):
     assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
 
 
+# SIMT kernel: lanes per query row (the rule picks the split from the CTA count); masked rows merge across lanes
+SIMT_SPLITS = {
+    "1-lane-d40-dv40": (1, (2, 45, 70, 2, 1, 40, "float32", (1, 1, 45, 70), "BottomRight")),
+    "4-lanes-masked-rows": (4, (1, 9, 150, 2, 2, 32, "float32", "masked-rows", None)),
+    "16-lanes-padding-causal": (16, (2, 37, 37, 3, 3, 24, "float32", (2, 1, 1, 37), "TopLeft")),
+}
+
+
+@pytest.mark.parametrize("split, case", SIMT_SPLITS.values(), ids=SIMT_SPLITS.keys())
+def test_cuda_simt_splits_emulated(rng, split, case):
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import flash_simt
+
+    b, sq, skv, h, hkv, d, dtype, bias, causal = case
+    bias_shape = (b, h, sq, skv) if bias == "masked-rows" else bias
+    canonical, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal), scheduled=False)
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
+    if bias == "masked-rows":
+        arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(flash_simt(AttentionSpec.of(canonical), split), target, arrays)
+    assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
+
+
+def test_cuda_simt_split_for_few_ctas():
+    """Few (batch, head, row-tile) CTAs: two lanes per row; enough already, or a symbolic size: one lane."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import simt_split
+
+    def spec(batch, seq):
+        return AttentionSpec(batch, seq, seq, 12, 12, 64, 64, "float32", 0.125, "none", None, None)
+
+    assert simt_split(spec(1, 128)) == 2  # BERT-base: 12 heads x 1 tile of 128 rows
+    assert simt_split(spec(22, 128)) == 1  # 264 CTAs
+    assert simt_split(spec(tvm.tirx.Var("b", "int64"), 128)) == 1
+
+
 def test_cuda_tensor_core_fully_masked_rows(rng):
     b, sq, skv, h, d = 1, 9, 150, 2, 64
     func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv)))

@@ -15,6 +15,8 @@ from onnx import helper
 from tvm.script import tirx as T
 
 from benchmarks.softmax import CHECK_COLS, compile_cases, mismatches, reference, sample
+import cuda_emu
+from compiler import targets
 from helpers import compile_and_compare, make_model, rel_err, run_cli, save
 from schedules import softmax as S
 from schedules import softmax_tir
@@ -64,7 +66,8 @@ def test_cuda_definitions_on_cpu(rng):
     funcs, runs = {}, []
     for dtype in S.DTYPES:
         for cols in CHECK_COLS:
-            for i, plan in enumerate(sorted(_plans(cols, dtype), key=repr)):
+            definitions = [p for p in _plans(cols, dtype) if p.cache != "l2"]  # the stream kernel: emulated below
+            for i, plan in enumerate(sorted(definitions, key=repr)):
                 for kind in S.KINDS:
                     name = f"{kind}_{dtype}_{cols}_{i}"
                     args = (7, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread)
@@ -79,17 +82,44 @@ def test_cuda_definitions_on_cpu(rng):
         assert mismatches(y.numpy(), x, kind)[0] == 0, name
 
 
+# The stream kernel (odd-length and long rows), emulated: several steps per row, rows starting mid-vector,
+# a tensor ending mid-vector (5 x 1023), blocks of one and of several warps, on rows holding the special values.
+STREAM_CASES = [(4, 1025, "float32", 64, 2), (5, 1023, "float16", 32, 1), (12, 50, "float32", 32, 4),
+                (3, 4096, "float16", 96, 2)]
+
+
+@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread", STREAM_CASES)
+@pytest.mark.parametrize("kind", S.KINDS)
+def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, kind):
+    vec = 16 // np.dtype(dtype).itemsize
+    func = S.schedule_cuda(rows, cols, dtype, kind, S.CudaPlan(lanes, vec, per_thread, cache="l2")).mod["main"]
+    x = sample(rows, cols, dtype, rng)
+    arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
+    cuda_emu.run(func, targets.resolve("cuda-sm90").target, arrays)
+    bad, err = mismatches(arrays["yf"], x, kind)
+    assert bad == 0, f"{bad} elements off (max err {err:.2e})"
+
+
+def test_cuda_stream_plan_choice():
+    """Rows breaking 16-byte alignment or too long for one block's registers stream, in 16-byte vectors."""
+    for rows, cols, dtype in ((4096, 50257, "float32"), (4096, 50257, "float16"), (257, 131073, "float32"),
+                              (132, 16385, "float32"), (1024, 65536, "float32")):
+        plan = S.cuda_plan(rows, cols, dtype, "sm_90")
+        assert (plan.cache, plan.vec * np.dtype(dtype).itemsize, plan.chunks) == ("l2", 16, 1), (rows, cols, dtype, plan)
+        assert plan.lanes % 32 == 0 and plan.lanes <= 512
+    for rows, cols, dtype in ((4096, 4096, "float32"), (1024, 32768, "float32"), (16, 1 << 20, "float32")):
+        assert S.cuda_plan(rows, cols, dtype, "sm_90").cache != "l2", (rows, cols, dtype)
+
+
 @pytest.mark.parametrize(
     "rows, cols, dtype, regime",
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 4096, "float32", "block"),
-     (1024, 32768, "float16", "block"), (4096, 50257, "float32", "shared"), (16, 1 << 20, "float32", "split"),
-     (128, 131072, "float16", "split")],
+     (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (128, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
     """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, one read of the input."""
     plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-    assert (plan.chunks > 1, plan.cache == "shared.dyn", plan.lanes <= 32) == (
-        regime == "split", regime == "shared", regime == "warp")
+    assert (plan.chunks > 1, plan.lanes <= 32, plan.cache) == (regime == "split", regime == "warp", "local")
     src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
     kernels = src.count("__global__") // 2  # declaration + definition
     assert kernels == (2 if regime == "split" else 1)
@@ -97,7 +127,7 @@ def test_cuda_source_structure(rows, cols, dtype, regime):
     vector = "float4" if dtype == "float32" else "uint4"
     if cols % (16 // np.dtype(dtype).itemsize) == 0:
         assert f"*({vector}*)(x_ptr" in src and f"*({vector}*)(y_ptr" in src
-    assert ("extern __shared__" in src) == (regime == "shared")
+    assert "extern __shared__" not in src
     # The row is loaded once (twice across the two kernels of the split schedule): count x_ptr loads.
     assert src.count("x_ptr + ") + src.count("x_ptr[") == kernels * plan.per_thread
 
@@ -124,7 +154,7 @@ def _after(x: T.Buffer((64, 128), "float32"), y: T.Buffer((64, 128), "float32"))
                                 T.reads(x[vr, (vj * 8 + vl) * 4 + vv])
                                 T.writes(xc_local[vr, vj, vl, vv])
                                 xc_local[vr, vj, vl, vv] = T.if_then_else(
-                                    vj * 8 + vl < 32, T.Cast("float32", x[vr, (vj * 8 + vl) * 4 + vv]),
+                                    vj * 8 + vl < 32, x[vr, (vj * 8 + vl) * 4 + vv],
                                     T.Cast("float32", T.float32("-inf")))
             for ax0 in range(1):
                 for ax2 in T.thread_binding(8, thread="threadIdx.x"):
@@ -216,7 +246,7 @@ def test_cli_any_axis_log_softmax_and_default_schedules(capsys, tmp_path, rng):
 
 def test_cuda_package_builds_every_regime(capsys, tmp_path):
     """``tvmpipe compile --target cuda-sm90`` of softmaxes of every regime and both dtypes: NVRTC accepts the
-    module (float32 and float16 shared-memory kernels side by side) and all of them are ours."""
+    module (float32 and float16 stream kernels, each with shared memory, side by side) and all of them are ours."""
     shapes = {"a": (4096, 1024, TP.FLOAT), "b": (4096, 4096, TP.FLOAT16), "c": (4096, 50257, TP.FLOAT),
               "d": (4096, 50257, TP.FLOAT16), "e": (16, 1 << 20, TP.FLOAT16)}
     nodes = [helper.make_node("Softmax", [n], [n + "_y"], axis=-1) for n in shapes]
