@@ -31,7 +31,10 @@ CPU_SHAPES = [(1024, 1024), (8192, 128), (128, 16384), (8, 262144), (64, 50257)]
 DTYPES = ("float32", "float16")
 KINDS = ("softmax", "log_softmax")
 CHECK_COLS = (1, 3, 31, 1023, 1025, 4097, 50257, 131073)
-CHECK_ROWS = (5, 257)  # few rows (split kernels for long rows) and many (row kernels)
+CHECK_ROWS = (5, 257)  # few rows and many
+# Every CHECK_COLS length above 1023 breaks 16-byte alignment, so those rows all take the stream kernel;
+# these aligned shapes reach the other plans: a block per row in registers, and the split over chunks.
+PLAN_SHAPES = ((257, 8192), (5, 1 << 20))
 # Other CUDA layouts (schedules.softmax.CudaPlan fields) timed beside the chosen one, to tune cuda_plan by.
 VARIANTS = [
     # the stream kernel (cache "l2") where cuda_plan keeps the row in registers
@@ -185,7 +188,7 @@ def build(out: Path) -> None:
         for r, c in GPU_SHAPES for dt in DTYPES for impl in ("tvmpipe", "dlight")
     ] + [
         {"impl": "tvmpipe", "kind": kind, "dtype": dt, "rows": r, "cols": c, "check": True}
-        for kind in KINDS for dt in DTYPES for r in CHECK_ROWS for c in CHECK_COLS
+        for kind in KINDS for dt in DTYPES for r, c in [(r, c) for r in CHECK_ROWS for c in CHECK_COLS] + list(PLAN_SHAPES)
     ] + [
         {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False, "variant": plan}
         for r, c, dt, plan in VARIANTS

@@ -14,7 +14,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 from tvm.script import tirx as T
 
-from benchmarks.softmax import CHECK_COLS, compile_cases, mismatches, reference, sample
+from benchmarks.softmax import CHECK_COLS, CHECK_ROWS, PLAN_SHAPES, compile_cases, mismatches, reference, sample
 import cuda_emu
 from compiler import targets
 from helpers import compile_and_compare, make_model, rel_err, run_cli, save
@@ -58,15 +58,17 @@ def test_special_value_semantics():
 
 
 def _plans(cols: int, dtype: str) -> set:
-    return {S.cuda_plan(rows, cols, dtype, "sm_90") for rows in (5, 257)}
+    return {S.cuda_plan(rows, cols, dtype, "sm_90") for rows in CHECK_ROWS}
 
 
 def test_cuda_definitions_on_cpu(rng):
-    """The tiled CUDA definitions (padding, chunking, the partial-combine formula), unscheduled, on the CPU."""
-    funcs, runs = {}, []
+    """The tiled CUDA definitions (padding, chunking, the partial-combine formula), unscheduled, on the CPU,
+    for the plans the GPU check's shapes get: warp and block per row, and the split (all of them)."""
+    funcs, runs, kinds = {}, [], set()
     for dtype in S.DTYPES:
-        for cols in CHECK_COLS:
+        for cols in (*CHECK_COLS, *(c for _, c in PLAN_SHAPES)):
             definitions = [p for p in _plans(cols, dtype) if p.cache != "l2"]  # the stream kernel: emulated below
+            kinds |= {"split" if p.chunks > 1 else "warp" if p.lanes <= 32 else "block" for p in definitions}
             for i, plan in enumerate(sorted(definitions, key=repr)):
                 for kind in S.KINDS:
                     name = f"{kind}_{dtype}_{cols}_{i}"
@@ -80,6 +82,7 @@ def test_cuda_definitions_on_cpu(rng):
         y = tvm.runtime.tensor(np.full_like(x, np.nan))
         exe[name](tvm.runtime.tensor(x), y)
         assert mismatches(y.numpy(), x, kind)[0] == 0, name
+    assert kinds == {"split", "warp", "block"}
 
 
 # The stream kernel (odd-length and long rows), emulated: several steps per row, rows starting mid-vector,
