@@ -3,6 +3,7 @@ inspect --json``) and the numbers vs onnxruntime on random inputs."""
 
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -237,6 +238,26 @@ def test_attention_fuses_on_cuda_only_onto_tensor_cores(capsys, tmp_path):
     with targets.resolve("cuda-sm90").target:
         assert _fused_is_faster("float16", 64, 64) and _fused_is_faster("bfloat16", 128, 128)
         assert not any(_fused_is_faster(*a) for a in (("float32", 64, 64), ("float16", 80, 80), ("float16", 64, 32)))
+
+
+def test_torch_sdpa_export_fuses_under_mixed_precision(capsys, tmp_path):
+    """``--precision fp16``: ToMixedPrecision casts the NaN-zeroed float32 probabilities to float16 for P·V,
+    the float32 scores to float16 and back, and the scale to float16 (``astype(0.125)``); the pattern is still
+    one attention kernel, on tensor cores."""
+    g = blocks.Graph()
+    mask = g.input("mask", [2, 1, 5, 6], TP.BOOL)
+    scores = g.n("MatMul", [g.input("q", [2, 4, 5, 64]), g.n("Transpose", [g.input("k", [2, 4, 6, 64])], perm=[0, 1, 3, 2])])
+    bias = g.n("Where", [mask, g.c(np.float32(0)), g.c(np.float32(-np.inf))])
+    p = g.n("Softmax", [g.n("Add", [g.n("Mul", [scores, g.c(np.float32(0.125))]), bias])], axis=-1)
+    p = g.n("Where", [g.n("IsNaN", [p]), g.c(np.float32(0)), p])
+    out = g.n("MatMul", [g.n("MatMul", [p, g.input("v", [2, 4, 6, 64])]), g.w(64, 64)])  # P·V goes on in float16
+    path = save(g.model([out]), tmp_path / "m.onnx")
+    r = run_cli(capsys, "compile", path, "--target", "cuda-sm90", "--precision", "fp16", "-o", tmp_path / "m.tvmpkg")
+    assert r.code == 0, r.err
+    assert "different data type" not in r.err
+    with zipfile.ZipFile(tmp_path / "m.tvmpkg") as zf:
+        kernels = json.loads(zf.read("manifest.json"))["kernels"]
+    assert list(kernels.values()).count("hand:Attention") == 1 and "softmax" not in kernels, kernels
 
 
 def test_attention_output_used_elsewhere_is_left_alone(capsys, tmp_path, rng):

@@ -19,6 +19,7 @@ is finite but <= -1e4 give weights that are exactly 0 in float32 either way, so 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,9 +37,20 @@ _PROBS = _SOFTMAX | is_op("relax.astype")(_SOFTMAX)
 # PyTorch's SDPA export zeroes the probabilities softmax makes NaN (rows whose keys are all masked):
 # where(isnan(P), 0, P)
 _NAN_ZEROED = is_op("relax.where")(is_op("relax.isnan")(wildcard()), wildcard(), _PROBS)
-_PV = is_op("relax.matmul")(_PROBS | _NAN_ZEROED, wildcard())
+# (under mixed precision the zeroed float32 probabilities are cast to 16 bits for P·V)
+_PV = is_op("relax.matmul")(_PROBS | _NAN_ZEROED | is_op("relax.astype")(_NAN_ZEROED), wildcard())
 _PATTERN = _PV | is_op("relax.astype")(_PV)
 _MASKED = -1e4  # additive values at or below this give exp(.) == 0 in float32: a masked position
+
+
+def _not_default_attention_dtypes(record: logging.LogRecord) -> bool:
+    """Relax's FoldConstant lowers calls with TVM's own legalisation while it looks for constants; for the fused
+    op with a float32 mask over 16-bit Q/K/V that lowering (discarded: ours replaces it) makes topi's
+    batch_matmul warn about two dtypes. Drop exactly that message."""
+    return not record.getMessage().startswith("tensor_a has different data type with tensor_b")
+
+
+logging.getLogger("topi").addFilter(_not_default_attention_dtypes)
 
 
 @dataclass
@@ -51,14 +63,22 @@ class _Scores:
     masks: list[tuple[relax.Expr, float, tuple[int, ...]]] = field(default_factory=list)  # (mask, mult, shape)
 
 
-def _scaled(call: relax.Call) -> tuple[relax.Expr, float] | None:
+def _scalar(x: relax.Expr, var2val: dict) -> float | None:
+    """``scalar``, also of a constant cast to another type (mixed precision writes ``astype(0.125)``)."""
+    cast = var2val.get(x)
+    if isinstance(cast, relax.Call) and cast.op.name == "relax.astype":
+        x = cast.args[0]
+    return scalar(x)
+
+
+def _scaled(call: relax.Call, var2val: dict) -> tuple[relax.Expr, float] | None:
     """``x * c``, ``c * x`` or ``x / c`` with a positive scalar constant ``c``: (x, the factor)."""
     if call.op.name not in ("relax.multiply", "relax.divide"):
         return None
     a, b = call.args
-    if call.op.name == "relax.multiply" and scalar(a) is not None:
+    if call.op.name == "relax.multiply" and _scalar(a, var2val) is not None:
         a, b = b, a
-    c = scalar(b)
+    c = _scalar(b, var2val)
     return None if c is None or c <= 0 else (a, c if call.op.name == "relax.multiply" else 1 / c)
 
 
@@ -70,7 +90,7 @@ def _scores(x: relax.Expr, mult: float, var2val: dict, uses) -> _Scores | None:
         return _Scores(*call.args, scale=mult)
     if name == "relax.astype":  # the 16-bit round trip of the scores: the fused kernel keeps them in float32
         return _scores(call.args[0], mult, var2val, uses)
-    if scaled := call is not None and _scaled(call):
+    if scaled := call is not None and _scaled(call, var2val):
         return _scores(scaled[0], mult * scaled[1], var2val, uses)
     if name == "relax.add":
         for s, mask in (call.args, call.args[::-1]):
@@ -123,7 +143,7 @@ def _peel_scale(x: relax.Expr, var2val: dict, uses) -> tuple[relax.Expr, float]:
     if call.op.name in ("relax.permute_dims", "relax.reshape"):
         inner, c = _peel_scale(call.args[0], var2val, uses)
         return (x, 1.0) if c == 1.0 else (relax.Call(call.op, [inner, *call.args[1:]], call.attrs), c)
-    return _scaled(call) or (x, 1.0)
+    return _scaled(call, var2val) or (x, 1.0)
 
 
 def _bias(found: _Scores, sq: int, sk: int, dt: str) -> tuple[relax.Expr | None, tuple[int, ...], str | None]:
@@ -178,9 +198,17 @@ def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr],
     return ops, bias, lambda o: op.reshape(o, [n, sq, dv])
 
 
-def _nan_zeroed(probs: relax.Expr, var2val: dict, uses) -> relax.Expr | None:
+def _uncast(x: relax.Expr, var2val: dict, uses) -> relax.Expr | None:
+    """``x`` without a private ``astype`` that produced it (or None if the cast is read elsewhere)."""
+    cast = var2val.get(x)
+    if not (isinstance(cast, relax.Call) and cast.op.name == "relax.astype"):
+        return x
+    return cast.args[0] if private(x, uses) else None
+
+
+def _nan_zeroed(probs: relax.Expr | None, var2val: dict, uses) -> relax.Expr | None:
     """The probabilities under ``where(isnan(P), 0, P)``, if ``probs`` is that and nothing else reads its parts."""
-    where = var2val.get(probs)
+    where = var2val.get(probs) if probs is not None else None
     if not (private(probs, uses) and isinstance(where, relax.Call) and where.op.name == "relax.where"):
         return None
     test, zero, p = where.args
@@ -209,7 +237,7 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     if rank not in (3, 4) or int(softmax.attrs.axis) % rank != rank - 1 or dtype(out) != dtype(v):
         return out  # (a P·V summed in float32 is taken at its cast back to V's type)
     nan_zeroed = _NAN_ZEROED in matches
-    if nan_zeroed and (probs := _nan_zeroed(probs, var2val, uses)) is None:
+    if nan_zeroed and (probs := _nan_zeroed(_uncast(probs, var2val, uses), var2val, uses)) is None:
         return out
     cast = var2val.get(probs)
     inner = [cast.args[0]] if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else []
