@@ -423,7 +423,8 @@ def simt_split(spec) -> int:
 
 
 def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
-    """Correct fallback for any dtype / head dims on CUDA cores: ``split`` lanes per query row, K/V tiles in shared memory.
+    """Correct fallback for any dtype / head dims on CUDA cores: ``split`` lanes per query row, K/V tiles in
+    shared memory.
 
     Lane ``part`` of a row takes keys ``part, part + split, ...`` of each tile with its own online softmax;
     the lanes' partial (max, sum, output) are merged with warp shuffles at the end.

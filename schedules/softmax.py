@@ -12,9 +12,10 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
 - rows that do not fit one block's registers, and rows whose length breaks 16-byte alignment (50257):
   one block per row with nothing cached (``cache="l2"``, ``softmax_tir.cuda_stream``): an online (max, sum)
   pass, then a second read that L2 serves (the block has just read the row; memory sees one read); aligned
-  vectors of the flat tensor, so an odd row length keeps 128-bit accesses. (It replaced a row cached in
-  shared memory: 4096 x 50257 float32 0.66 -> 0.56 ms, float16 0.40 -> 0.33 ms; but a row that fits the
-  registers stays there: 1024 x 32768 float32 0.076 ms cached, 0.096 ms streamed, same H200 run);
+  vectors of the flat tensor, so an odd row length keeps 128-bit accesses. (H200, 4096 x 50257: it replaced
+  a float32 row cached in shared memory, 0.66 ms, by 0.56-0.60 ms over two runs, and a float16 row in
+  registers read by scalar loads, 0.38 -> 0.26 ms; but a row that fits the registers stays there: 1024 x
+  32768 float32 0.073-0.076 ms cached, 0.096 ms streamed);
 - too few rows to fill the GPU: each row split over ``chunks`` blocks that write (max, sum) partials,
   then a combine + normalise kernel (two reads of the input, one write).
 CPU: parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
