@@ -46,6 +46,7 @@ import tvm
 from tvm.script import tirx as T
 
 from .attention import causal_offset, kernel_signature
+from .common import SMS, sm_version, warp_shuffle_xor
 
 LOG2E = math.log2(math.e)
 TC_HEAD_DIMS = (32, 64, 96, 128)
@@ -54,9 +55,7 @@ TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.Target) -> bool:
     """Whether attention of this type and head dims gets the tensor-core kernel on ``target``."""
-    arch = str(target.attrs.get("arch", "sm_80"))
-    return (dtype in TC_DTYPES and head_dim == head_dim_v and head_dim in TC_HEAD_DIMS
-            and int(arch.removeprefix("sm_")) >= 80)
+    return dtype in TC_DTYPES and head_dim == head_dim_v and head_dim in TC_HEAD_DIMS and sm_version(target) >= 80
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -117,13 +116,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     # the logits are formed in natural units first (c would overflow a -FLT_MAX mask to -inf)
     fold = spec.scale > 0 and not has_bias
     c2 = spec.scale * LOG2E
-    f32, neg_inf, full = "float32", T.float32("-inf"), T.uint32(0xFFFFFFFF)
+    f32, neg_inf = "float32", T.float32("-inf")
+    shfl = warp_shuffle_xor
 
     assert (BM * CPR) % NT == 0 and (BN * CPR) % NT == 0, "tile copies must split evenly over the threads"
     assert not cfg.pingpong or cfg.warps % 2 == 0, "ping-pong needs two equal warp groups"
-
-    def shfl(x, m):
-        return T.tvm_warp_shuffle_xor(full, x, m, 32, 32)
 
     def tile_start(bx):  # causal: the heaviest query tiles first
         return (nq - 1 - bx) * BM if causal else bx * BM
@@ -404,7 +401,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
 
 SIMT_THREADS = 128
-SIMT_MIN_CTAS = 264  # two CTAs per SM on the H200's 132 SMs
+SIMT_MIN_CTAS = 2 * SMS["sm_90"]  # two CTAs per SM on the H200
 
 
 def simt_split(spec) -> int:
@@ -438,7 +435,8 @@ def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
     BK = 32 if max(D, DV) <= 128 else 16
     KP = BK // split  # keys of a tile per lane
     nq = (sq + rows - 1) // rows
-    f32, neg_inf, full = "float32", T.float32("-inf"), T.uint32(0xFFFFFFFF)
+    f32, neg_inf = "float32", T.float32("-inf")
+    shfl = warp_shuffle_xor
     assert split & (split - 1) == 0 and split <= BK, "lanes per row: a power of two up to the tile's keys"
 
     def tile_start(bx):
@@ -446,9 +444,6 @@ def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
 
     def kv_limit(q0):
         return T.min(skv, T.min(q0 + rows, sq) + offset) if causal else skv
-
-    def shfl(x, m):
-        return T.tvm_warp_shuffle_xor(full, x, m, 32, 32)
 
     @T.macro
     def body(q, k, v, bias, out):

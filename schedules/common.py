@@ -1,4 +1,4 @@
-"""What the rules and legalisations share: the target test, TVM's default lowering, vector sizes."""
+"""What the rules and legalisations share: the target test, TVM's default lowering, vector sizes, CUDA facts."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ from collections.abc import Callable
 
 import tvm
 import tvm_ffi
-from tvm import relax, te, topi
+from tvm import relax, te, tirx, topi
 from tvm.target import Target, codegen
+from tvm.tirx.op import tvm_warp_shuffle_xor
 
 ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
+# Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100). The GPU kernels' launch choices
+# were tuned on the H200 (sm_90).
+SMS = {"sm_90": 132, "sm_80": 108}
 # A constant weight is stored in panels of this many vectors of output columns (channels), each contiguous along
 # the reduction, and the register tile takes one panel: 2 x 8 rows beat 3 x 8 once B is in panels (ViT / BERT
 # FFN shapes, kernel alone: 2.2 vs 2.3 ms); four vectors were no faster
@@ -97,3 +101,13 @@ def count_nodes(node, kind: type, pred: Callable | None = None) -> int:
 def any_node(node, kind: type, pred: Callable) -> bool:
     """Whether a ``kind`` node under ``node`` satisfies ``pred``."""
     return count_nodes(node, kind, pred) > 0
+
+
+def sm_version(target: Target) -> int:
+    """The CUDA target's compute capability as a number (``sm_90`` -> 90; 80 if the target names none)."""
+    return int(str(target.attrs.get("arch", "sm_80")).removeprefix("sm_"))
+
+
+def warp_shuffle_xor(value: tirx.PrimExpr, lane_mask) -> tirx.PrimExpr:
+    """``value`` of the lane whose index differs from this lane's by ``lane_mask`` (XOR), all 32 lanes taking part."""
+    return tvm_warp_shuffle_xor(tirx.const(0xFFFFFFFF, "uint32"), value, lane_mask, 32, 32)

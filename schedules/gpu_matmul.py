@@ -37,6 +37,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
+from .common import SMS, sm_version
+
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
 
@@ -252,14 +254,13 @@ CONFIGS = (GemmConfig(), GemmConfig(m_tiles=2, n_tiles=4, bk=64, stages=3), Gemm
 # fp32 (3xTF32): 64 x 32 warp tiles (the split operands double the fragment registers)
 CONFIGS_TF32 = (GemmConfig(n_tiles=4, stages=3), GemmConfig(m_tiles=2, n_tiles=4, stages=3),
                 GemmConfig(m_tiles=1, n_tiles=4, stages=3))
-SMS = 132  # H100 / H200
 
 
 def choose(spec: GemmSpec) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest."""
     configs = CONFIGS_TF32 if spec.dtype == "float32" else CONFIGS
     for cfg in configs:
-        if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= SMS:
+        if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= SMS["sm_90"]:
             return cfg
     return configs[-1]
 
@@ -447,7 +448,7 @@ class GpuMatmul(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
             return None
-        if int(str(target.attrs.get("arch", "sm_80")).removeprefix("sm_")) < 80:
+        if sm_version(target) < 80:
             return None
         spec = match(func)
         if spec is None:

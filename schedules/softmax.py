@@ -34,14 +34,13 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from . import softmax_tir
+from .common import SMS
 
 KINDS = ("softmax", "log_softmax")
 DTYPES = ("float32", "float16")
 KERNEL_ATTR = "tvmpipe.kernel"
 _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kernel
 
-# Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100).
-_SMS = {"sm_90": 132, "sm_80": 108}
 _REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
 _SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
 _STREAM_LANES, _STREAM_VECTORS = 512, 4  # stream kernel: threads per row, vectors in flight per thread
@@ -122,7 +121,7 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
     itemsize = tvm.DataType(dtype).bits // 8
     vec = math.gcd(cols, 16 // itemsize)  # 16 bytes when the row length keeps rows 16-byte aligned
     nvec = cols // vec
-    sms = _SMS.get(arch, 132)
+    sms = SMS.get(arch, SMS["sm_90"])
     if nvec <= 32 * _vec_budget(vec):  # fits a warp: <= 32 lanes per row
         lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))

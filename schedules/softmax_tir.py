@@ -26,6 +26,8 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .common import warp_shuffle_xor
+
 ACC = "float32"
 LOG2E = math.log2(math.e)
 
@@ -213,9 +215,6 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     steps = -(-((cols + 2 * V - 2) // V) // (L * U))  # a row touches at most this many vectors
     f32, neg_inf = ACC, T.float32("-inf")
 
-    def shfl(value, lg):  # value of the lane whose id differs in bit lg
-        return T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), value, T.shift_left(1, lg), 32, 32)
-
     def vector(it, u, tx):  # the row's vector a thread takes: consecutive threads, consecutive vectors
         return (it * U + u) * L + tx
 
@@ -257,8 +256,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     def butterfly(st, rounds):
         """(st[0], st[1]) <- the (max, sum of exp(x - max)) of the warp's 2^rounds-lane groups."""
         for lg in T.unroll(rounds):
-            st[2] = shfl(st[0], lg)
-            st[3] = shfl(st[1], lg)
+            st[2] = warp_shuffle_xor(st[0], T.shift_left(1, lg))
+            st[3] = warp_shuffle_xor(st[1], T.shift_left(1, lg))
             st[4] = T.max(st[0], st[2])
             st[1] = st[1] * ex(st[0], nonzero(st[4])) + st[3] * ex(st[2], nonzero(st[4]))
             st[0] = st[4]
