@@ -25,6 +25,7 @@ from .common import (
     register_tile,
     vector_shape,
 )
+from .cpu_matmul import panels
 
 BLOCK = "conv2d_nchw_hwio"
 # From this many output pixels a 1x1 stride-1 conv runs as a GEMM with vectors along the pixels (NCHW keeps them
@@ -53,10 +54,11 @@ def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dila
 
 
 def _panels(weight: te.Tensor, panel: int) -> te.Tensor:
-    """OIHW -> [OC / panel, KH, KW, IC, panel]: each panel of output channels contiguous along the reduction."""
+    """OIHW -> [OC / panel, KH, KW, IC, panel]: ``cpu_matmul.panels`` of the weight as a [(KH, KW, IC), OC]
+    matrix, each panel of output channels contiguous along the reduction."""
     oc, ic, kh, kw = (int(d) for d in weight.shape)
-    return te.compute((oc // panel, kh, kw, ic, panel), lambda q, y, x, c, p: weight[q * panel + p, c, y, x],
-                      name="conv2d_weight_panels")
+    matrix = topi.reshape(topi.transpose(weight, [2, 3, 1, 0]), (kh * kw * ic, oc))
+    return topi.reshape(panels(matrix, panel), (oc // panel, kh, kw, ic, panel))
 
 
 def _pointwise(data: te.Tensor, w: te.Tensor) -> te.Tensor:

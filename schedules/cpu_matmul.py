@@ -162,7 +162,7 @@ def _dense(a: te.Tensor, w: te.Tensor, out_dtype: str, panel: int = 0) -> te.Ten
     )
 
 
-def _panels(w: te.Tensor, panel: int) -> te.Tensor:
+def panels(w: te.Tensor, panel: int) -> te.Tensor:
     """w[K, N] -> [N / panel, K, panel]: each panel of ``panel`` columns contiguous along K."""
     n_k, n = (int(d) for d in w.shape)
     w = topi.nn.pad(w, [0, 0], [0, -n % panel]) if n % panel else w
@@ -187,8 +187,8 @@ def legalize_matmul(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | No
         width = PANEL_VECTORS * vector_shape(target, "float32")[0]
         if n < width:
             return None
-        panels = bb.emit_te(_panels, weight, width, primfunc_name_hint="weight_panels")
-        dense = mark_gemm(bb, bb.call_te(_dense, call.args[0], panels, call.ty.dtype, width, primfunc_name_hint="matmul"))
+        stored = bb.emit_te(panels, weight, width, primfunc_name_hint="weight_panels")
+        dense = mark_gemm(bb, bb.call_te(_dense, call.args[0], stored, call.ty.dtype, width, primfunc_name_hint="matmul"))
     elif target.kind.name == "cuda" and str(weight.ty.dtype) in MMA_DTYPES:
         width = chunk(str(weight.ty.dtype))
         if n % width == 0 or n < width:
