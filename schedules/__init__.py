@@ -3,7 +3,7 @@
 
 ``RULES`` is the order in which ``compiler.schedules`` offers a kernel to the rules: the kernels we
 write ourselves (softmax, attention) first, then the CPU defaults for what TVM would leave unscheduled, and GPU kernels DLight schedules badly
-(depthwise convolutions, tensor-core GEMMs).
+(depthwise convolutions, tensor-core GEMMs, vectorised elementwise kernels).
 """
 
 from . import attention, cpu_conv2d, gpu_conv2d, softmax
@@ -15,6 +15,7 @@ from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul, legalize_matmul
 from .cpu_row_reduction import CpuRowReduction
 from .gpu_depthwise import GpuDepthwise
+from .gpu_elementwise import GpuElementwise
 from .gpu_matmul import GpuMatmul
 
 RULES: list = [
@@ -27,6 +28,7 @@ RULES: list = [
     CpuMatmul(),
     CpuRowReduction(),
     CpuElementwise(),
+    GpuElementwise(),
 ]
 
 # Relax op name -> custom legalisation (``(bb, call) -> Expr``, as LegalizeOps' customize_legalize_map):

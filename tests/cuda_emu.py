@@ -45,7 +45,12 @@ struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
   operator float() const { uint32_t u = (uint32_t)bits << 16; float f; std::memcpy(&f, &u, 4); return f; }
 };
 struct uint4 { unsigned x, y, z, w; };
+struct alignas(8) half4 { half x, y, z, w; };  // defined by TVM's CUDA preamble
+static inline half4 make_half4(half x, half y, half z, half w) { return {x, y, z, w}; }
+struct alignas(16) int4 { int x, y, z, w; };
+static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 struct alignas(16) float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct Dim3 { int x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static char* emu_smem;
@@ -279,22 +284,25 @@ def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], in
 
 
 def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> None:
-    """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place)."""
+    """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place),
+    each kernel it launches (one per output of a Split) in turn; arrays are named by kernel parameter."""
     import tvm
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     mod = tvm.IRModule({"emu": func.with_attr("global_symbol", "emu").with_attr("target", target)})
     with target:
-        lowered = default_s_tir_pipeline()[0](mod)
-    grid, threads, smem = launch_config(lowered["emu"].script(), "emu_kernel")
+        host = default_s_tir_pipeline()[0](mod)["emu"].script()
     exe = tvm.compile(tvm.IRModule({"emu": func.with_attr("global_symbol", "emu")}), target=target)
     source = [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
     with tempfile.TemporaryDirectory() as tmp:
-        lib, names = compile_kernel(source, "emu_kernel", Path(tmp))
-        ptrs = (ctypes.c_void_p * len(names))(*[arrays[n].ctypes.data for n in names])
-        # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
-        launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)
-        launch.start()
-        launch.join(timeout)
-        if launch.is_alive():
-            raise TimeoutError(f"emulated kernel still running after {timeout} s: deadlocked barriers?")
+        for name in re.findall(r'T\.call_ffi_kernel\("(emu_kernel\w*)"', host):
+            grid, threads, smem = launch_config(host, name)
+            (Path(tmp) / name).mkdir()
+            lib, names = compile_kernel(source, name, Path(tmp) / name)
+            ptrs = (ctypes.c_void_p * len(names))(*[arrays[n].ctypes.data for n in names])
+            # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
+            launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)
+            launch.start()
+            launch.join(timeout)
+            if launch.is_alive():
+                raise TimeoutError(f"emulated kernel still running after {timeout} s: deadlocked barriers?")

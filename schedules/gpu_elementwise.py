@@ -1,0 +1,86 @@
+"""CUDA elementwise / layout kernels (GELU chains, casts, residual adds, reshapes, transposes, splits): one
+16-byte vector per thread, 32-bit index math.
+
+DLight's ``Fallback`` gives each thread one scalar element and keeps Relax's int64 indices: GPT-2's batch-32
+fp16 prefill spent ~6 ms of its 15.6 ms there on the H200, its tanh-GELU moving 0.6 TB/s against a 4.2 TB/s
+copy (``benchmarks/results/profile-h200-b32.json``). Here the kernel is inlined into the blocks that write its
+outputs as on the CPU (``cpu_elementwise.inline_to_outputs``); each output's innermost axis is split into
+vectors of ``LANES`` (fewer where the axis or 16 bytes of the widest type the kernel computes in require, so
+there is no tail) and the vectors spread over blocks of ``THREADS`` threads. TVM's codegen makes a load a vector one
+where its index is provably a multiple of the lanes (contiguous reads: the elementwise chains, split columns,
+the head dimension of a transpose) and reads element by element where not. Kernels over floating-point
+buffers only (see ``_float_buffer``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .common import largest_divisor
+from .cpu_elementwise import inline_to_outputs, static_size
+
+THREADS = 256
+VECTOR_BYTES = 16
+# Not 8 float16 lanes: TVM 0.27 gathers a strided float16x8 load (im2col, NCHW -> NHWC) with make_uint4 of
+# eight halves, which does not compile
+LANES = 4
+INT32_MAX = (1 << 31) - 1
+FLOATS = {"float16", "bfloat16", "float32"}
+FLOAT_CODES = (tvm.DataTypeCode.FLOAT, tvm.DataTypeCode.BFLOAT)
+
+
+class GpuElementwise(ScheduleRule):
+    """Kernels made only of spatial (injective) blocks of static shape, on CUDA."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda" or not all(map(_float_buffer, func.params)):
+            return None
+        found = inline_to_outputs(tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"])
+        if found is None:
+            return None
+        sch, outputs = found
+        # a vector holds at most 16 bytes of the widest type the kernel computes in (TVM 0.27's CUDA codegen
+        # writes a float32x8 constant as make_ulonglong4 of eight floats, which does not compile)
+        widest = _widest_computed(func) // 8
+        for block in outputs:
+            size = static_size(sch, block)
+            if not size:
+                return None
+            *outer, last = sch.get_loops(block)
+            # vectors along the innermost axis (fused into the others, the indices become div/mod expressions
+            # in which TVM proves a 128-bit alignment less often)
+            lanes = largest_divisor(int(sch.get(last).extent), tuple(v for v in (LANES, 2) if v * widest <= VECTOR_BYTES)) or 1
+            vectors, lane = sch.split(last, [None, lanes])
+            bx, tx = sch.split(sch.fuse(*outer, vectors), [None, min(THREADS, size // lanes)])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+            sch.vectorize(lane)
+        return sch
+
+
+def _widest_computed(func: tirx.PrimFunc) -> int:
+    """Bits of the widest floating-point type an expression of ``func`` computes in (indices are int32 or
+    int64 either way: a vector's lanes share their index math)."""
+    widest = 8
+
+    def visit(expr) -> None:
+        nonlocal widest
+        if isinstance(expr.ty, tvm.ir.PrimType) and tvm.DataType(expr.ty.dtype).type_code in FLOAT_CODES:
+            widest = max(widest, tvm.DataType(expr.ty.dtype).bits)
+
+    tvm_ffi.structural_walk(func.body, [(tvm.ir.expr.Expr, visit)], order="post")
+    return widest
+
+
+def _float_buffer(var) -> bool:
+    """Whether a kernel argument is a floating-point buffer of static shape and fewer than 2^31 elements: the
+    kernels this rule takes. Integer and boolean ones stay with DLight: TVM's int32 narrowing would narrow their
+    data too, and its CUDA codegen loads a pair of booleans as a ushort2 (two bytes each)."""
+    return str(var.dtype) in FLOATS and all(isinstance(d, tirx.IntImm) for d in var.shape) \
+        and math.prod(int(d) for d in var.shape) <= INT32_MAX

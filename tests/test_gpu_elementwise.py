@@ -1,0 +1,139 @@
+"""The CUDA elementwise rule: its generated kernels run on the CPU emulator against numpy float64 (odd sizes,
+vectors with and without a partial last block, transposes, a three-way split, a NaN select), and the CLI
+reporting it for a model's GELU chain."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from tvm import te, tirx, topi
+
+from compiler import cuda_binary, targets
+from schedules.gpu_elementwise import GpuElementwise
+from tests import cuda_emu
+from tests.helpers import make_model, run_cli, save
+
+TARGET = targets.resolve("cuda-sm90").target
+
+
+def scheduled(*tensors: te.Tensor) -> tirx.PrimFunc:
+    """The rule's kernel for ``tensors``, checked to compile with NVRTC (TVM's CUDA codegen has vector types
+    that g++ would take and NVRTC would not)."""
+    pytest.importorskip("cuda.bindings")
+    with TARGET:
+        sch = GpuElementwise().apply(te.create_prim_func(list(tensors)), TARGET, False)
+    assert sch is not None
+    cuda_binary.compile_source(cuda_source(sch.mod["main"]), "sm_90")
+    return sch.mod["main"]
+
+
+def cuda_source(func: tirx.PrimFunc) -> str:
+    import tvm
+
+    exe = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+    return [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
+
+
+def gelu_tanh(x: te.Tensor) -> te.Tensor:
+    """GPT-2's GELU as its ONNX export computes it, in float32 between casts."""
+    xf = topi.cast(x, "float32")
+    inner = topi.multiply(topi.add(xf, topi.multiply(topi.power(xf, 3.0), 0.044715)), 0.7978845608)
+    return topi.cast(topi.multiply(topi.multiply(xf, 0.5), topi.add(topi.tanh(inner), 1.0)), x.dtype)
+
+
+# (rows, cols): 8-lane vectors over several blocks with a partial last one; 4 lanes; no lanes (odd count)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("shape", [(3, 1000), (5, 12), (7, 13)])
+def test_gelu_chain_emulated(rng, dtype, shape):
+    x = te.placeholder(shape, dtype, name="x")
+    func = scheduled(x, gelu_tanh(x))
+    xs = (rng.standard_normal(shape) * 3).astype(dtype)
+    out = np.zeros(shape, dtype)
+    cuda_emu.run(func, TARGET, {"x": xs, "compute": out})
+    x64 = xs.astype(np.float64)
+    ref = 0.5 * x64 * (1 + np.tanh(0.7978845608 * (x64 + 0.044715 * x64**3)))
+    tol = 2e-3 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+def test_loads_and_stores_are_vectors_with_int32_indices():
+    """One 4-lane vector per thread, and index math in int (Relax's shapes are int64)."""
+    x = te.placeholder((32, 256, 12, 64), "float16", name="x")
+    src = cuda_source(scheduled(x, topi.transpose(x, [0, 2, 1, 3])))
+    body = src[src.index('extern "C"'):]
+    assert "= *(half4*)(x_ptr + " in body and "*(half4*)(T_transpose_ptr + " in body, body  # 64-bit load, store
+    assert "x_ptr[" not in body and "T_transpose_ptr[" not in body, body  # and no element-wise global access
+    assert "int64_t" not in body, body
+
+
+# attention's head split [b, s, h, d] -> [b, h, s, d] (odd sequence length: contiguous vectors); NCHW -> NHWC
+# (each lane from another channel plane: a gathered vector)
+@pytest.mark.parametrize("shape, axes", [((2, 5, 3, 16), (0, 2, 1, 3)), ((2, 12, 3, 5), (0, 2, 3, 1))])
+def test_transpose_emulated(rng, shape, axes):
+    x = te.placeholder(shape, "float16", name="x")
+    func = scheduled(x, topi.transpose(x, list(axes)))
+    xs = rng.standard_normal(shape).astype(np.float16)
+    out = np.zeros(xs.transpose(axes).shape, np.float16)
+    cuda_emu.run(func, TARGET, {"x": xs, "T_transpose": out})
+    np.testing.assert_array_equal(out, xs.transpose(axes))
+
+
+def test_three_way_split_emulated(rng):
+    """GPT-2's QKV split (one kernel per output), rows of an odd count."""
+    x = te.placeholder((37, 3 * 24), "float16", name="x")
+    section = lambda s: lambda i, j: x[i, j + 24 * s]  # noqa: E731
+    q, k, v = (te.compute((37, 24), section(s), name=n) for s, n in enumerate("qkv"))
+    func = scheduled(x, q, k, v)
+    xs = rng.standard_normal((37, 72)).astype(np.float16)
+    outs = {n: np.zeros((37, 24), np.float16) for n in "qkv"}
+    cuda_emu.run(func, TARGET, {"x": xs, **outs})
+    for s, n in enumerate("qkv"):
+        np.testing.assert_array_equal(outs[n], xs[:, 24 * s: 24 * (s + 1)])
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool"])
+def test_integer_and_boolean_kernels_are_left_to_dlight(dtype):
+    """TVM's int32 narrowing would narrow integer data too, and its codegen loads boolean pairs as ushort2."""
+    x = te.placeholder((3, 8), dtype, name="x")
+    with TARGET:
+        assert GpuElementwise().apply(te.create_prim_func([x, topi.cast(x, "float32")]), TARGET, False) is None
+
+
+def test_reductions_are_left_to_dlight():
+    x = te.placeholder((4, 9), "float32", name="x")
+    with TARGET:
+        assert GpuElementwise().apply(te.create_prim_func([x, topi.sum(x, axis=1)]), TARGET, False) is None
+
+
+def test_model_gelu_is_hand_scheduled(capsys, tmp_path):
+    """Through the CLI: a model's tanh-GELU (Pow, Mul, Add, Tanh), compiled under mixed precision to a cubin
+    (NVRTC builds the kernel), is one kernel of this rule."""
+    F = TensorProto.FLOAT
+    consts = {"three": np.array(3, np.float32), "c": np.array(0.044715, np.float32),
+              "s": np.array(0.7978846, np.float32), "one": np.array(1, np.float32), "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["p", "c"], ["pc"]),
+             helper.make_node("Add", ["x", "pc"], ["a"]), helper.make_node("Mul", ["a", "s"], ["as"]),
+             helper.make_node("Tanh", ["as"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+             helper.make_node("Mul", ["x", "half"], ["xh"]), helper.make_node("Mul", ["xh", "t1"], ["y"])]
+    src = save(make_model(nodes, [("x", F, [3, 80])], [("y", F, [3, 80])], consts), tmp_path / "gelu.onnx")
+    pytest.importorskip("cuda.bindings")
+    r = run_cli(capsys, "compile", src, "--target", "cuda-sm90", "--precision", "fp16", "-o", tmp_path / "m.tvmpkg")
+    assert r.code == 0, r.err
+    with zipfile.ZipFile(tmp_path / "m.tvmpkg") as zf:
+        kernels = json.loads(zf.read("manifest.json"))["kernels"]
+    assert [rule for name, rule in kernels.items() if "tanh" in name] == ["hand:GpuElementwise"], kernels
+
+
+def test_nan_select_emulated(rng):
+    """The attention mask's NaN guard (isnan, where): boolean vectors between float16 ones."""
+    x = te.placeholder((4, 40), "float16", name="x")
+    func = scheduled(x, topi.where(topi.isnan(x), topi.full_like(x, 0.0), x))
+    xs = rng.standard_normal((4, 40)).astype(np.float16)
+    xs[rng.random((4, 40)) < 0.3] = np.nan
+    out = np.full((4, 40), 7, np.float16)
+    cuda_emu.run(func, TARGET, {"x": xs, "T_where": out})
+    np.testing.assert_array_equal(out, np.where(np.isnan(xs), 0, xs))
