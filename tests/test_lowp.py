@@ -121,6 +121,30 @@ def test_encode_matches_reference(tmp_path, rng, source):
         _assert_same(ours[name], ref[name], x, f"{source} -> {name}")
 
 
+def test_castlike_saturate_off_inside_a_local_function(tmp_path, rng):
+    """A CastLike with saturate=0 in a model-local function keeps it (inlined before the optimiser, which
+    would turn it into a Cast without the attribute): out-of-range values become NaN / infinity, not the
+    format's maximum."""
+    from compiler import compile_model, load
+
+    body = helper.make_node("CastLike", ["a", "like"], ["b"], saturate=0)
+    fn = helper.make_function("local", "ToF8", ["a", "like"], ["b"], [body], [helper.make_opsetid("", OPSET)])
+    x = np.concatenate([rng.standard_normal(61) * 300, [1e4, -1e5, 448, 57344, np.inf, np.nan]]).astype(np.float32)
+    like = {TP.FLOAT8E4M3FN: "like4", TP.FLOAT8E5M2: "like5"}
+    nodes = [helper.make_node("ToF8", ["x", name], [f"y{elem}"], domain="local") for elem, name in like.items()]
+    model = make_model(nodes, [("x", TP.FLOAT, [x.size])], [(f"y{e}", e, [x.size]) for e in like],
+                       {name: np.zeros(1, _np(elem)) for elem, name in like.items()}, opset=OPSET,
+                       extra_opsets={"local": 1})
+    model.functions.append(fn)
+    model.ir_version = 11
+    compile_model(save(model, tmp_path / "m.onnx"), "cpu", tmp_path / "m.tvmpkg")
+    ours = load(tmp_path / "m.tvmpkg")(x=x)
+    ref = dict(zip([f"y{e}" for e in like], ReferenceEvaluator(model).run(None, {"x": x})))
+    for name in ref:
+        _assert_same(ours[name], ref[name], x, name)
+    assert np.isnan(ours[f"y{TP.FLOAT8E4M3FN}"].astype(np.float32)[-6]), "1e4 saturated to 448"
+
+
 @pytest.mark.parametrize("elem", LOWP, ids=TP.DataType.Name)
 def test_decode_matches_reference(tmp_path, elem):
     x = _codes(elem)

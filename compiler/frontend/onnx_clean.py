@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 
 from ..errors import TvmpipeError
@@ -349,12 +350,19 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     return ir.serde.serialize_model(m)
 
 
-def _castlike_to_cast(model: onnx.ModelProto) -> None:
+def _castlike_to_cast(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite each CastLike that sets ``saturate`` or ``round_mode`` as the Cast it stands for, keeping them:
     onnxscript's optimiser makes the Cast itself but drops both (a saturate=0 float8 cast would then
-    saturate). The target type is the ``like`` input's, from shape inference; unknown, the node is left."""
-    if not any(n.op_type == "CastLike" and n.attribute for n in iter_nodes(model.graph)):
-        return
+    saturate). The target type is the ``like`` input's, from shape inference; unknown, the node is left.
+    Model-local functions holding one are inlined first (the optimiser inlines them anyway), so that shape
+    inference types their ``like`` inputs."""
+    def setting(nodes) -> bool:
+        return any(n.op_type == "CastLike" and n.attribute for n in nodes)
+
+    if any(setting(f.node) for f in model.functions):
+        model = onnx.inliner.inline_local_functions(model)
+    if not setting(iter_nodes(model.graph)):
+        return model
     inferred = onnx.shape_inference.infer_shapes(model)
 
     def rewrite(graph: onnx.GraphProto, inferred_graph: onnx.GraphProto) -> None:
@@ -373,6 +381,7 @@ def _castlike_to_cast(model: onnx.ModelProto) -> None:
                                                     to=types[node.input[1]], **attrs))
 
     rewrite(model.graph, inferred.graph)
+    return model
 
 
 def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -396,7 +405,7 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference + constant folding + If/function inlining with onnxscript's optimiser; Scans and Loops
     of static length unrolled (``unroll``), then optimised again."""
     _normalize_constants(model.graph)
-    _castlike_to_cast(model)
+    model = _castlike_to_cast(model)
     # Symbolic shapes recorded by the exporter for intermediate values go stale once inputs are bound.
     del model.graph.value_info[:]
     model = _optimized(model)
