@@ -11,7 +11,11 @@ committed), compiled with tvmpipe and checked and timed:
 
   python benchmarks/models.py --target cpu                   # here -> results/models-<machine>.json
   python3 benchmarks/models.py --target cuda-sm90 --out DIR  # on the GPU machine (torch + TVM compiler)
+  python3 benchmarks/models.py --target cuda-sm90 --variants gpt2:32:fp16 bert_base:1:fp32 --out DIR
   python benchmarks/models.py --report                       # results/*.json -> RESULTS.md, PNG, README
+
+Each row records a digest of the compiler's sources ("code"); the report names the rows measured with other
+code than the checkout's, which --variants can then re-measure.
 
 Needs the ``zoo`` extra (torch, torchvision, transformers) for the export.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -40,6 +45,8 @@ sys.path.insert(0, str(REPO))
 CACHE = REPO / "build" / "zoo"
 RESULTS = REPO / "benchmarks" / "results"
 SEED = 0
+# The sources a package is made from: a record's "code" digest says which version of them measured it.
+CODE = ("compiler/**/*.py", "schedules/**/*.py", "targets/*.json")
 # Normwise relative error (max|ours - ref| / max|ref|) that counts as correct.
 TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
 
@@ -279,7 +286,7 @@ def run_gpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
     from compiler.compare import errors
     from compiler.runtime import load
 
-    variants = [(m, b, p) for m in models for b in args.batch for p in args.precision]
+    variants = args.variants or [(m, b, p) for m in models for b in args.batch for p in args.precision]
     # Compiling (CPU-bound, in worker processes) overlaps with the torch measurements below.
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
         jobs = {(m, b, p): pool.submit(compile_package, m, b, "cuda-sm90", p, args.cuda_graph, args.reuse)
@@ -318,6 +325,15 @@ def run_gpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
 
 
 # ---------------------------------------------------------------- results
+
+
+def code_digest() -> str:
+    """12 hex digits of the compiler's sources (``CODE``): rows of a table measured with different code show
+    as such in the report (the GPU machine has the working tree but no git history)."""
+    digest = hashlib.sha256()
+    for path in sorted(f for pattern in CODE for f in REPO.glob(pattern)):
+        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def machine_name(target: str) -> str:
@@ -382,7 +398,7 @@ def geomean(xs: list[float]) -> float:
 
 def report(results_dir: Path) -> str:
     """The markdown tables, one per results file (with geomean speedups); also writes the PNG of the speedups."""
-    sections, plots = [], []
+    sections, plots, current = [], [], code_digest()
     for path in sorted(results_dir.glob("models-*.json")):
         doc = json.loads(path.read_text())
         rows = doc["records"]
@@ -400,11 +416,23 @@ def report(results_dir: Path) -> str:
             lines.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {ms} | " + " | ".join(vals) + f" | {ok} |")
         gm = [f"{LABELS[c]} {geomean([r[c] for r in rows if c in r]):.2f}x" for c in cols if c.startswith("speedup")]
         sections.append(f"### {doc['machine']}\n\n{env}; updated {doc['updated']}.\n\n{head}\n" + "\n".join(lines)
-                        + f"\n\nGeomean speedup ({len([r for r in rows if 'tvmpipe_ms' in r])} rows): {', '.join(gm)}.\n")
+                        + f"\n\nGeomean speedup ({len([r for r in rows if 'tvmpipe_ms' in r])} rows): {', '.join(gm)}."
+                        + _code_note(rows, current) + "\n")
         plots.append((doc["machine"], rows, [c for c in cols if c.startswith("speedup")]))
     table = "\n".join(sections)
     _plot(plots, results_dir / "models.png")
     return table
+
+
+def _code_note(rows: list[dict], current: str) -> str:
+    """The rows grouped by the code they were measured with (``code_digest``), unless all used this checkout's."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        groups.setdefault(r.get("code", "not recorded"), []).append(f"{r['model']} b{r['batch']} {r['precision']}")
+    if list(groups) == [current]:
+        return f" All rows measured with this checkout's code ({current})."
+    parts = [f"{'this checkout' if code == current else code}: {', '.join(names)}" for code, names in groups.items()]
+    return f" Rows by the code they were measured with (this checkout's when the table was written: {current}): " + "; ".join(parts) + "."
 
 
 def _plot(plots: list, path: Path) -> None:
@@ -448,12 +476,23 @@ def write_report(results_dir: Path) -> None:
     print(f"wrote {md}, {results_dir / 'models.png'} and the table in {readme}")
 
 
+def _variant(text: str) -> tuple[str, int, str]:
+    """``gpt2:32:fp16`` -> ("gpt2", 32, "fp16"), for --variants."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in MODELS or not parts[1].isdigit() or parts[2] not in TOLERANCE:
+        raise argparse.ArgumentTypeError(f"'{text}' is not MODEL:BATCH:PRECISION with a model of {', '.join(MODELS)} "
+                                         f"and a precision of {', '.join(TOLERANCE)}")
+    return parts[0], int(parts[1]), parts[2]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", choices=["cpu", "cuda-sm90"], help="benchmark on this target")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="GPU batch sizes (CPU: batch 1)")
     p.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"], help="GPU precisions")
+    p.add_argument("--variants", nargs="+", type=_variant, metavar="MODEL:BATCH:PRECISION",
+                   help="GPU: exactly these rows (instead of --models x --batch x --precision)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="GPU: plain VM launches")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per round")
     p.add_argument("--rounds", type=int, default=3, help="CPU: interleaved rounds of tvmpipe / onnxruntime")
@@ -469,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    if args.variants and args.target != "cuda-sm90":
+        p.error("--variants picks GPU rows: use it with --target cuda-sm90")
     if args.export_only:
         for m in models:
             for b in ([1] if args.target == "cpu" else args.batch):
@@ -477,9 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.target:
         os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
         machine, env = machine_name(args.target), environment(args.target)
-        correct = True
+        correct, code = True, code_digest()
         for rec in (run_cpu if args.target == "cpu" else run_gpu)(models, args):
-            path = save([rec], machine, env, args.out)  # row by row: a run cut short keeps what it measured
+            path = save([{**rec, "code": code}], machine, env, args.out)  # row by row: a run cut short keeps what it measured
             correct &= rec["correct"]
         print(f"wrote {path}")
         if not correct:

@@ -41,3 +41,32 @@ def test_report_table_and_geomean(tmp_path):
 
 def test_geomean():
     assert zoo.geomean([1.0, 4.0]) == pytest.approx(2.0)
+
+
+def test_report_names_rows_of_other_code(tmp_path):
+    """Rows measured with other sources than the checkout's (or before the digest was recorded) are listed."""
+    now = zoo.code_digest()
+    zoo.save([{**_gpu("resnet50", 1, "fp32", 1, 2, 2), "code": now}, _gpu("gpt2", 32, "fp16", 1, 1, 1)], "h", {}, tmp_path)
+    assert f"(this checkout's when the table was written: {now}): this checkout: resnet50 b1 fp32; not recorded: gpt2 b32 fp16." in zoo.report(tmp_path)
+    zoo.save([{**_gpu("gpt2", 32, "fp16", 1, 1, 1), "code": now}], "h", {}, tmp_path)
+    assert f"All rows measured with this checkout's code ({now})." in zoo.report(tmp_path)
+
+
+def test_code_digest_follows_the_sources(tmp_path, monkeypatch):
+    (tmp_path / "compiler").mkdir()
+    (tmp_path / "compiler" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(zoo, "REPO", tmp_path)
+    before = zoo.code_digest()
+    assert zoo.code_digest() == before
+    (tmp_path / "compiler" / "a.py").write_text("x = 2\n")
+    assert zoo.code_digest() != before
+
+
+def test_variants_parse_and_reject(capsys):
+    assert zoo._variant("gpt2:32:fp16") == ("gpt2", 32, "fp16")
+    with pytest.raises(SystemExit):
+        zoo.main(["--target", "cuda-sm90", "--variants", "gpt3:32:fp16"])
+    assert "'gpt3:32:fp16' is not MODEL:BATCH:PRECISION" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        zoo.main(["--target", "cpu", "--variants", "gpt2:1:fp32"])
+    assert "use it with --target cuda-sm90" in capsys.readouterr().err
