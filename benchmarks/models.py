@@ -12,10 +12,11 @@ committed), compiled with tvmpipe and checked and timed:
   python benchmarks/models.py --target cpu                   # here -> results/models-<machine>.json
   python3 benchmarks/models.py --target cuda-sm90 --out DIR  # on the GPU machine (torch + TVM compiler)
   python3 benchmarks/models.py --target cuda-sm90 --variants gpt2:32:fp16 bert_base:1:fp32 --out DIR
+  python3 benchmarks/models.py --target cuda-sm90 --stale --models gpt2 --out DIR  # rows of older code
   python benchmarks/models.py --report                       # results/*.json -> RESULTS.md, PNG, README
 
 Each row records a digest of the compiler's sources ("code"); the report names the rows measured with other
-code than the checkout's, which --variants can then re-measure.
+code than the checkout's, which --variants or --stale can then re-measure.
 
 Needs the ``zoo`` extra (torch, torchvision, transformers) for the export.
 """
@@ -476,6 +477,12 @@ def write_report(results_dir: Path) -> None:
     print(f"wrote {md}, {results_dir / 'models.png'} and the table in {readme}")
 
 
+def stale_rows(path: Path, models: list[str], code: str) -> list[tuple[str, int, str]]:
+    """(model, batch, precision) of the rows in results file ``path`` (of ``models``) whose code is not ``code``."""
+    rows = json.loads(path.read_text())["records"] if path.is_file() else []
+    return [(r["model"], r["batch"], r["precision"]) for r in rows if r["model"] in models and r.get("code") != code]
+
+
 def _variant(text: str) -> tuple[str, int, str]:
     """``gpt2:32:fp16`` -> ("gpt2", 32, "fp16"), for --variants."""
     parts = text.split(":")
@@ -493,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"], help="GPU precisions")
     p.add_argument("--variants", nargs="+", type=_variant, metavar="MODEL:BATCH:PRECISION",
                    help="GPU: exactly these rows (instead of --models x --batch x --precision)")
+    p.add_argument("--stale", action="store_true",
+                   help="GPU: the rows of the committed results (of --models) measured with other code than this")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="GPU: plain VM launches")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per round")
     p.add_argument("--rounds", type=int, default=3, help="CPU: interleaved rounds of tvmpipe / onnxruntime")
@@ -508,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    if args.variants and args.target != "cuda-sm90":
-        p.error("--variants picks GPU rows: use it with --target cuda-sm90")
+    if (args.variants or args.stale) and args.target != "cuda-sm90":
+        p.error("--variants and --stale pick GPU rows: use them with --target cuda-sm90")
     if args.export_only:
         for m in models:
             for b in ([1] if args.target == "cpu" else args.batch):
@@ -519,6 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
         machine, env = machine_name(args.target), environment(args.target)
         correct, code = True, code_digest()
+        if args.stale:
+            args.variants = stale_rows(RESULTS / f"models-{machine}.json", models, code)
+            print(f"{len(args.variants)} rows measured with other code: {args.variants}", flush=True)
+            if not args.variants:
+                return 0
         for rec in (run_cpu if args.target == "cpu" else run_gpu)(models, args):
             path = save([{**rec, "code": code}], machine, env, args.out)  # row by row: a run cut short keeps what it measured
             correct &= rec["correct"]

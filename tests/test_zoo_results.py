@@ -69,4 +69,13 @@ def test_variants_parse_and_reject(capsys):
     assert "'gpt3:32:fp16' is not MODEL:BATCH:PRECISION" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         zoo.main(["--target", "cpu", "--variants", "gpt2:1:fp32"])
-    assert "use it with --target cuda-sm90" in capsys.readouterr().err
+    assert "use them with --target cuda-sm90" in capsys.readouterr().err
+
+
+def test_stale_rows(tmp_path):
+    """The rows of other (or unrecorded) code, of the chosen models only."""
+    zoo.save([{**_gpu("gpt2", 1, "fp32", 1, 1, 1), "code": "new"}, {**_gpu("gpt2", 32, "fp16", 1, 1, 1), "code": "old"},
+              _gpu("resnet50", 1, "fp16", 1, 1, 1), _gpu("bert_base", 1, "fp32", 1, 1, 1)], "h", {}, tmp_path)
+    path = tmp_path / "models-h.json"
+    assert zoo.stale_rows(path, ["gpt2", "resnet50"], "new") == [("resnet50", 1, "fp16"), ("gpt2", 32, "fp16")]
+    assert zoo.stale_rows(tmp_path / "none.json", ["gpt2"], "new") == []
