@@ -65,6 +65,8 @@ static inline int max(int a, int b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long max(long a, long b) { return a > b ? a : b; }  // int64_t (CUDA declares both)
+static inline long min(long a, long b) { return a < b ? a : b; }
 static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 static inline void warp_sync() { emu_warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 static inline unsigned __cvta_generic_to_shared(const void* p) { return (unsigned)((const char*)p - emu_smem); }
@@ -257,7 +259,7 @@ def _helpers(preamble: str) -> str:
 
 def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, list[str]]:
     """Compile kernel ``name`` of a TVM CUDA module source; return the library and its parameter names."""
-    start = source.index(f'extern "C" __global__')
+    start = source.index('extern "C" __global__')
     head = re.search(rf'extern "C" __global__ void __launch_bounds__\([\d, ]+\) {name}\(([^)]*)\) \{{', source)
     params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
     kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
@@ -283,6 +285,14 @@ def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], in
     return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0)
 
 
+def cuda_source(func, target) -> str:
+    """The CUDA C++ that TVM generates for PrimFunc ``func`` (kernels named after its global symbol)."""
+    import tvm
+
+    exe = tvm.compile(tvm.IRModule({func.attrs["global_symbol"]: func}), target=target)
+    return [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
+
+
 def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> None:
     """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place),
     each kernel it launches (one per output of a Split) in turn; arrays are named by kernel parameter."""
@@ -292,8 +302,7 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
     mod = tvm.IRModule({"emu": func.with_attr("global_symbol", "emu").with_attr("target", target)})
     with target:
         host = default_s_tir_pipeline()[0](mod)["emu"].script()
-    exe = tvm.compile(tvm.IRModule({"emu": func.with_attr("global_symbol", "emu")}), target=target)
-    source = [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
+    source = cuda_source(func.with_attr("global_symbol", "emu"), target)
     with tempfile.TemporaryDirectory() as tmp:
         for name in re.findall(r'T\.call_ffi_kernel\("(emu_kernel\w*)"', host):
             grid, threads, smem = launch_config(host, name)

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto as TP
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
@@ -143,6 +144,47 @@ def test_castlike_saturate_off_inside_a_local_function(tmp_path, rng):
     for name in ref:
         _assert_same(ours[name], ref[name], x, name)
     assert np.isnan(ours[f"y{TP.FLOAT8E4M3FN}"].astype(np.float32)[-6]), "1e4 saturated to 448"
+
+
+def _cuda_kernel_output(tmp_path, node: onnx.NodeProto, x: np.ndarray, elem: int) -> np.ndarray:
+    """The one kernel of a one-node model, compiled for cuda-sm90 as a package gets it (DLight's schedule),
+    built by NVRTC and run on the CPU emulator."""
+    from compiler import cuda_binary, pipeline, tuning
+    from tests import cuda_emu
+
+    model = make_model([node], [("x", helper.np_dtype_to_tensor_dtype(x.dtype), [x.size])], [("y", elem, [x.size])],
+                       opset=OPSET)
+    model.ir_version = 11
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90")
+    (func,) = [f for f in prep.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    with prep.target.target:
+        func, _ = tuning.default_schedule(func, prep.target)
+    cuda_binary.compile_source(cuda_emu.cuda_source(func.with_attr("global_symbol", "main"), prep.target.target), "sm_90")
+    out = np.zeros(x.size, np.uint8 if _np(elem).itemsize == 1 else _np(elem))
+    arrays = {func.params[0].name: x.view(np.uint8) if x.dtype.itemsize == 1 else x, func.params[1].name: out}
+    cuda_emu.run(func, prep.target.target, arrays)
+    return out.view(_np(elem))
+
+
+# one type per encoding family (the kernels are the CPU's TIR; what differs on CUDA is the codegen): float8,
+# the packed float4, the exponent-only E8M0 and a packed integer. ~15 s each: emulated kernels compile slowly.
+@pytest.mark.slow
+@pytest.mark.parametrize("elem", [TP.FLOAT8E4M3FN, TP.FLOAT4E2M1, TP.FLOAT8E8M0, TP.INT4], ids=TP.DataType.Name)
+def test_cuda_kernels_match_reference(tmp_path, rng, elem):
+    """On CUDA (built by NVRTC, run on the emulator): float32 -> elem (saturating, and not, for float8) and
+    elem -> float32, bit for bit against ONNX's reference, on the rounding edges and random floats."""
+    pytest.importorskip("cuda.bindings")
+    edges = _edges(np.dtype(np.float32))
+    x = np.concatenate([edges[:: max(1, edges.size // 1500)], rng.standard_normal(500) * 100]).astype(np.float32)
+    for sat in (1, 0) if elem in FLOAT8 else (1,):
+        node = helper.make_node("Cast", ["x"], ["y"], to=elem, saturate=sat)
+        ref = ReferenceEvaluator(make_model([node], [("x", TP.FLOAT, [x.size])], [("y", elem, [x.size])],
+                                            opset=OPSET)).run(None, {"x": x})[0]
+        _assert_same(_cuda_kernel_output(tmp_path, node, x, elem), ref, x, f"float32 -> {TP.DataType.Name(elem)} s{sat}")
+    codes = _codes(elem)
+    node = helper.make_node("Cast", ["x"], ["y"], to=TP.FLOAT)
+    ref = codes.astype(np.float32)
+    _assert_same(_cuda_kernel_output(tmp_path, node, codes, TP.FLOAT), ref, codes, f"{TP.DataType.Name(elem)} -> float32")
 
 
 @pytest.mark.parametrize("elem", LOWP, ids=TP.DataType.Name)

@@ -115,7 +115,7 @@ class QLinearConv:
 def reverse_sequence(bb, inputs, attrs, params) -> relax.Expr:
     """Gather along the time axis from t -> len[b] - 1 - t for t < len[b] (the rest stays in place)."""
     x, lens = inputs
-    time_axis, batch_axis = attrs.get("time_axis", 0), attrs.get("batch_axis", 1)
+    time_axis = attrs.get("time_axis", 0)  # batch_axis is then the other of axes 0 and 1 (the spec allows no other)
     dims = shape(x)
     steps = np.arange(dims[time_axis], dtype="int64")
     t = relax.const(steps.reshape((-1, 1) if time_axis == 0 else (1, -1)), "int64")  # else int32
