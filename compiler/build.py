@@ -28,18 +28,8 @@ class Built:
             self.exe.export_library(str(path))
             return None
         gpu: list[cuda_binary.GpuCode] = []
-
-        def pack_imports(mod, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
-            from tvm.runtime import _ffi_api
-
-            blob = _ffi_api.ModulePackImportsToTensor(mod).numpy().tobytes()
-            sources = [m.inspect_source("cuda") for m in mod._collect_from_import_tree(lambda m: m.kind == "cuda")]
-            with self.target.target:
-                blob, info = cuda_binary.patch_library_blob(blob, self.target.arch, sources)
-            gpu.extend([info] if info else [])
-            return str(cuda_binary.blob_object(blob, Path(workspace_dir)))
-
-        self.exe.export_library(str(path), fpack_imports=pack_imports)
+        pack = cuda_binary.compiled_imports(self.target.target, self.target.arch, gpu)
+        self.exe.export_library(str(path), fpack_imports=pack)
         return gpu[0] if gpu else None
 
 

@@ -17,7 +17,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +169,23 @@ def patch_library_blob(blob: bytes, arch: str, sources: list[str]) -> tuple[byte
     assert pos == body_start + nbytes, "library blob length mismatch"
     body = b"".join(out)
     return struct.pack("<Q", len(body)) + body, info
+
+
+def compiled_imports(target, arch: str, found: list[GpuCode]) -> Callable:
+    """An ``export_library`` ``fpack_imports`` that packs a library's imported modules with each CUDA source
+    module compiled here, exactly (``compile_source``); ``found`` receives what was compiled."""
+
+    def pack(mod, _is_system_lib: bool, _prefix: str, workspace_dir: str) -> str:
+        from tvm.runtime import _ffi_api
+
+        blob = _ffi_api.ModulePackImportsToTensor(mod).numpy().tobytes()
+        sources = [m.inspect_source("cuda") for m in mod._collect_from_import_tree(lambda m: m.kind == "cuda")]
+        with target:
+            blob, info = patch_library_blob(blob, arch, sources)
+        found.extend([info] if info else [])
+        return str(blob_object(blob, Path(workspace_dir)))
+
+    return pack
 
 
 def blob_object(blob: bytes, workdir: Path) -> Path:

@@ -22,7 +22,9 @@ module adds what a long job needs:
 - Search cost. The evolutionary search scores its population (512 by default) with the cost model four times per
   batch, which dominates the wall time on few cores: we use 64 per host core, 128..512.
 - Builder. ``LocalBuilder``'s default build function imports ``tvm.s_tir.tensor_intrin`` (~18 s) in every worker
-  process, and the pool is new for each batch; that is only needed where a schedule may tensorize.
+  process, and the pool is new for each batch; that is only needed where a schedule may tensorize. Its export
+  leaves CUDA as source, which TVM compiles at load with ``--use_fast_math``; ours compiles it as a package's is
+  (exact math), so that the measured candidates are the code that ships.
 - Visible. A tqdm bar driven by a measure callback; a MetaSchedule-style table at the end; ``tuning_report.json``
   (rewritten after every batch) and ``tuning_curve.png`` in the log directory; MetaSchedule's own log in
   ``logs/`` there.
@@ -42,11 +44,13 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import tvm
@@ -159,6 +163,32 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, _params) -> tvm.runtime
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def _build_tensorized(mod: tvm.IRModule, target: tvm.target.Target, params) -> tvm.runtime.Module:
+    """``_build`` for schedules that may tensorize: the intrinsics must be registered in the worker."""
+    from tvm.s_tir import tensor_intrin  # noqa: F401
+
+    return _build(mod, target, params)
+
+
+def _export_compiled(mod: tvm.runtime.Module, spec: dict, arch: str) -> str:
+    """MetaSchedule's default export (a .tar that the runner links), with the CUDA compiled here as a package's
+    is (``cuda_binary.compiled_imports``, exact math): left as source, TVM compiles it at load with fast math."""
+    from tvm.support.tar import tar
+
+    from .cuda_binary import compiled_imports
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod." + tar.output_format)
+    mod.export_library(path, fcompile=tar, fpack_imports=compiled_imports(tvm.target.Target(spec), arch, []))
+    return path
+
+
+def _builder(info: TargetInfo, intrinsics: bool, cores: int) -> ms.builder.LocalBuilder:
+    """The candidates' builder: ``_build`` (or ``_build_tensorized``), and on GPUs ``_export_compiled``."""
+    export = partial(_export_compiled, spec=info.spec, arch=info.arch) if info.is_gpu else None
+    return ms.builder.LocalBuilder(f_build=_build_tensorized if intrinsics else _build, f_export=export,
+                                   max_workers=cores)
 
 
 def _measure_defaults(tasks: list[Task], info: TargetInfo, builder, runner) -> None:
@@ -435,7 +465,7 @@ def tune(prep, *, trials: int, log_dir: Path | None = None, resume: bool = False
         contexts = _contexts(job, records, prep.target.target, population, cores, seed)
         model = _cost_model(cost_model, contexts, records, cores, seed)
         intrinsics = tuning.needs_tensor_intrinsics(t.mod["main"] for t in tasks)
-        builder = ms.builder.LocalBuilder(f_build=None if intrinsics else _build, max_workers=cores)
+        builder = _builder(prep.target, intrinsics, cores)
         _measure_defaults(tasks, prep.target, builder, runner)
         job.save("running")
         bar = _bar(trials, done)

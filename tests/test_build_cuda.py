@@ -137,3 +137,35 @@ def test_cuda_compiled_by_tvm_itself_is_exact(monkeypatch, tmp_path):
     monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", lambda prog, n, opts: (options.append(opts), real(prog, n, opts))[1])
     compile_model(str(tmp_path / "cube.onnx"), "cuda-sm90", tmp_path / "cube.tvmpkg")
     assert options and not any(b"--use_fast_math" in o for o in options)
+
+
+def test_tuning_measures_exactly_compiled_cuda(monkeypatch, tmp_path):
+    """MetaSchedule's candidates are exported as packages are: compiled here by NVRTC without fast math (left as
+    source, TVM would compile them at load with it), so tuning times the code that ships."""
+    import tarfile
+
+    import tvm
+    from cuda.bindings import nvrtc
+    from tvm import te, topi
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler import tuning_job
+    from compiler.targets import resolve
+
+    x = te.placeholder((3, 37), "float32", name="x")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, topi.power(x, 3.0)]))
+    bx, tx = sch.split(sch.fuse(*sch.get_loops(sch.get_sblock("T_power"))), [None, 64])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    options, real = [], nvrtc.nvrtcCompileProgram
+    monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", lambda prog, n, opts: (options.append(opts), real(prog, n, opts))[1])
+    info = resolve("cuda-sm90")
+    mod = tvm.IRModule({"main": sch.mod["main"]})
+    artifact = tuning_job._export_compiled(tuning_job._build(mod, info.target, None), info.spec, info.arch)
+    assert options and not any(b"--use_fast_math" in o for o in options)
+    with tarfile.open(artifact) as tf:
+        assert "devc.o" in tf.getnames()  # the library's imports, the compiled device code among them
+    # and the builder tuning uses, in its worker processes
+    (result,) = tuning_job._builder(info, False, 1).build([ms.builder.BuilderInput(mod, info.target)])
+    assert result.error_msg is None and result.artifact_path.endswith(".tar"), result.error_msg
