@@ -39,16 +39,14 @@ in register order, exactly the A fragment of P for k-step kk.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import tvm
 from tvm.script import tirx as T
 
 from .attention import causal_offset, kernel_signature
-from .common import SMS, sm_version, warp_shuffle_xor
+from .common import LOG2E, SMS, sm_version, warp_shuffle_xor
 
-LOG2E = math.log2(math.e)
 TC_HEAD_DIMS = (32, 64, 96, 128)
 TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import tvm
@@ -10,6 +11,7 @@ from tvm import relax, te, tirx, topi
 from tvm.target import Target, codegen
 from tvm.tirx.op import tvm_warp_shuffle_xor
 
+LOG2E = math.log2(math.e)  # exp(x) = exp2(x * LOG2E): the CUDA kernels' exp2 and the CPU's vexp
 ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
 # Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100). The GPU kernels' launch choices
 # were tuned on the H200 (sm_90).

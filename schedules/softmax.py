@@ -131,7 +131,7 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
         touched = _ceil(cols, 16 // itemsize) + 1  # vectors of the flat tensor a row's elements fall in
         lanes = min(_STREAM_LANES, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32)
         return CudaPlan(lanes, 16 // itemsize, _STREAM_VECTORS, cache="l2")
-    if not few and whole.regs() <= _REGS:
+    if not few:  # aligned, and in registers
         return whole
     # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
     fit = _ceil(nvec, 512 * _vec_budget(vec))

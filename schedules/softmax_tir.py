@@ -21,15 +21,12 @@ Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x -
 
 from __future__ import annotations
 
-import math
-
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .common import warp_shuffle_xor
+from .common import LOG2E, warp_shuffle_xor
 
 ACC = "float32"
-LOG2E = math.log2(math.e)
 
 
 def _normalized(kind: str, x, row_max, row_sum, exp=T.exp):
@@ -300,17 +297,18 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     st[0] = nonzero(st[0])
                     st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
                     for ti in T.serial(steps):  # pass 2, last step first: normalise, write
-                        load(steps - 1 - ti)
+                        it = T.meta_var(steps - 1 - ti)
+                        load(it)
                         for u in T.unroll(U):
                             for v in T.unroll(V):
                                 xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
-                            if whole(r, steps - 1 - ti, u, tx):
+                            if whole(r, it, u, tx):
                                 for v in T.vectorized(V):
-                                    yf[start(r, steps - 1 - ti, u, tx) + v] = xv[u, v]
+                                    yf[start(r, it, u, tx) + v] = xv[u, v]
                             else:
                                 for v in T.unroll(V):
-                                    if mine(r, steps - 1 - ti, u, tx, v):
-                                        yf[start(r, steps - 1 - ti, u, tx) + v] = xv[u, v]
+                                    if mine(r, it, u, tx, v):
+                                        yf[start(r, it, u, tx) + v] = xv[u, v]
 
     return func
 
@@ -343,7 +341,7 @@ def vexp(value):
     body = tirx.Select(v < f32(EXP_LO), f32(0), poly * two_n)
     body = tirx.Let(f, v - n * f32(_LN2_HI) - n * f32(_LN2_LO), body)
     body = tirx.Let(n, t - f32(_MAGIC), body)
-    body = tirx.Let(t, v * f32(1.4426950408889634) + f32(_MAGIC), body)
+    body = tirx.Let(t, v * f32(LOG2E) + f32(_MAGIC), body)
     return tirx.Let(v, value, body)
 
 

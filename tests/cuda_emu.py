@@ -285,11 +285,11 @@ def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], in
     return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0)
 
 
-def cuda_source(func, target) -> str:
-    """The CUDA C++ that TVM generates for PrimFunc ``func`` (kernels named after its global symbol)."""
+def cuda_source(func, target, symbol: str = "main") -> str:
+    """The CUDA C++ that TVM generates for PrimFunc ``func`` (its kernels named ``<symbol>_kernel``...)."""
     import tvm
 
-    exe = tvm.compile(tvm.IRModule({func.attrs["global_symbol"]: func}), target=target)
+    exe = tvm.compile(tvm.IRModule({symbol: func.with_attr("global_symbol", symbol)}), target=target)
     return [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
 
 
@@ -302,7 +302,7 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
     mod = tvm.IRModule({"emu": func.with_attr("global_symbol", "emu").with_attr("target", target)})
     with target:
         host = default_s_tir_pipeline()[0](mod)["emu"].script()
-    source = cuda_source(func.with_attr("global_symbol", "emu"), target)
+    source = cuda_source(func, target, "emu")
     with tempfile.TemporaryDirectory() as tmp:
         for name in re.findall(r'T\.call_ffi_kernel\("(emu_kernel\w*)"', host):
             grid, threads, smem = launch_config(host, name)

@@ -27,12 +27,8 @@ def scheduled(*tensors: te.Tensor) -> tirx.PrimFunc:
     with TARGET:
         sch = GpuElementwise().apply(te.create_prim_func(list(tensors)), TARGET, False)
     assert sch is not None
-    cuda_binary.compile_source(cuda_source(sch.mod["main"]), "sm_90")
+    cuda_binary.compile_source(cuda_emu.cuda_source(sch.mod["main"], TARGET), "sm_90")
     return sch.mod["main"]
-
-
-def cuda_source(func: tirx.PrimFunc) -> str:
-    return cuda_emu.cuda_source(func.with_attr("global_symbol", "main"), TARGET)
 
 
 def gelu_tanh(x: te.Tensor) -> te.Tensor:
@@ -60,7 +56,7 @@ def test_gelu_chain_emulated(rng, dtype, shape):
 def test_loads_and_stores_are_vectors_with_int32_indices():
     """One 4-lane vector per thread, and index math in int (Relax's shapes are int64)."""
     x = te.placeholder((32, 256, 12, 64), "float16", name="x")
-    src = cuda_source(scheduled(x, topi.transpose(x, [0, 2, 1, 3])))
+    src = cuda_emu.cuda_source(scheduled(x, topi.transpose(x, [0, 2, 1, 3])), TARGET)
     body = src[src.index('extern "C"'):]
     assert "= *(half4*)(x_ptr + " in body and "*(half4*)(T_transpose_ptr + " in body, body  # 64-bit load, store
     assert "x_ptr[" not in body and "T_transpose_ptr[" not in body, body  # and no element-wise global access

@@ -159,7 +159,7 @@ def _cuda_kernel_output(tmp_path, node: onnx.NodeProto, x: np.ndarray, elem: int
     (func,) = [f for f in prep.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     with prep.target.target:
         func, _ = tuning.default_schedule(func, prep.target)
-    cuda_binary.compile_source(cuda_emu.cuda_source(func.with_attr("global_symbol", "main"), prep.target.target), "sm_90")
+    cuda_binary.compile_source(cuda_emu.cuda_source(func, prep.target.target), "sm_90")
     out = np.zeros(x.size, np.uint8 if _np(elem).itemsize == 1 else _np(elem))
     arrays = {func.params[0].name: x.view(np.uint8) if x.dtype.itemsize == 1 else x, func.params[1].name: out}
     cuda_emu.run(func, prep.target.target, arrays)

@@ -63,12 +63,16 @@ class _Scores:
     masks: list[tuple[relax.Expr, float, tuple[int, ...]]] = field(default_factory=list)  # (mask, mult, shape)
 
 
+def _cast_source(x: relax.Expr, var2val: dict) -> relax.Expr | None:
+    """What the ``astype`` that produced ``x`` casts, if an ``astype`` produced it."""
+    cast = var2val.get(x)
+    return cast.args[0] if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else None
+
+
 def _scalar(x: relax.Expr, var2val: dict) -> float | None:
     """``scalar``, also of a constant cast to another type (mixed precision writes ``astype(0.125)``)."""
-    cast = var2val.get(x)
-    if isinstance(cast, relax.Call) and cast.op.name == "relax.astype":
-        x = cast.args[0]
-    return scalar(x)
+    source = _cast_source(x, var2val)
+    return scalar(x if source is None else source)
 
 
 def _scaled(call: relax.Call, var2val: dict) -> tuple[relax.Expr, float] | None:
@@ -200,10 +204,10 @@ def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr],
 
 def _uncast(x: relax.Expr, var2val: dict, uses) -> relax.Expr | None:
     """``x`` without a private ``astype`` that produced it (or None if the cast is read elsewhere)."""
-    cast = var2val.get(x)
-    if not (isinstance(cast, relax.Call) and cast.op.name == "relax.astype"):
+    source = _cast_source(x, var2val)
+    if source is None:
         return x
-    return cast.args[0] if private(x, uses) else None
+    return source if private(x, uses) else None
 
 
 def _nan_zeroed(probs: relax.Expr | None, var2val: dict, uses) -> relax.Expr | None:
@@ -239,8 +243,7 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     nan_zeroed = _NAN_ZEROED in matches
     if nan_zeroed and (probs := _nan_zeroed(_uncast(probs, var2val, uses), var2val, uses)) is None:
         return out
-    cast = var2val.get(probs)
-    inner = [cast.args[0]] if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else []
+    inner = [source] if (source := _cast_source(probs, var2val)) is not None else []
     lone = [] if nan_zeroed else [probs]  # (under the where, P has its two readers: isnan and the where)
     if not all(private(x, uses) for x in [*lone, *inner, *([out.args[0]] if out.op.name == "relax.astype" else [])]):
         return out
