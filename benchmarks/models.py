@@ -16,7 +16,9 @@ committed), compiled with tvmpipe and checked and timed:
   python benchmarks/models.py --report                       # results/*.json -> RESULTS.md, PNG, README
 
 Each row records a digest of the compiler's sources ("code"); the report names the rows measured with other
-code than the checkout's, which --variants or --stale can then re-measure.
+code than the checkout's, which --variants or --stale can then re-measure. A second run of the same code,
+merged into results/rerun/ (``--merge FILE --out benchmarks/results/rerun``), is set beside the table row by
+row, so that the report shows how far the numbers reproduce.
 
 Needs the ``zoo`` extra (torch, torchvision, transformers) for the export.
 """
@@ -45,6 +47,7 @@ sys.path.insert(0, str(REPO))
 
 CACHE = REPO / "build" / "zoo"
 RESULTS = REPO / "benchmarks" / "results"
+RERUN = "rerun"  # results/rerun/models-<machine>.json: a second run of the table's code, for the report
 SEED = 0
 # The sources a package is made from: a record's "code" digest says which version of them measured it.
 CODE = ("compiler/**/*.py", "schedules/**/*.py", "targets/*.json")
@@ -366,9 +369,10 @@ def environment(target: str) -> dict:
     return env
 
 
-def save(records: list[dict], machine: str, env: dict, out_dir: Path) -> Path:
+def save(records: list[dict], machine: str, env: dict, out_dir: Path, updated: str | None = None) -> Path:
     """Merge into <out_dir>/models-<machine>.json: records of a run replace those with the same
-    (model, target, batch, precision) and keep the rest, so the zoo can be measured a few models at a time."""
+    (model, target, batch, precision) and keep the rest, so the zoo can be measured a few models at a time.
+    ``updated`` is when the records were measured (default: now; a merge passes its file's)."""
     path = out_dir / f"models-{machine}.json"
     key = lambda r: (r["model"], r["target"], r["batch"], r["precision"])  # noqa: E731
     new = {key(r) for r in records}
@@ -377,7 +381,7 @@ def save(records: list[dict], machine: str, env: dict, out_dir: Path) -> Path:
     merged = sorted([r for r in old if key(r) not in new] + records, key=lambda r: (order.index(r["model"]), *key(r)[1:]))
     doc = {
         "machine": machine,
-        "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "updated": updated or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": env,
         "records": merged,
     }
@@ -419,10 +423,38 @@ def report(results_dir: Path) -> str:
         sections.append(f"### {doc['machine']}\n\n{env}; updated {doc['updated']}.\n\n{head}\n" + "\n".join(lines)
                         + f"\n\nGeomean speedup ({len([r for r in rows if 'tvmpipe_ms' in r])} rows): {', '.join(gm)}."
                         + _code_note(rows, current) + "\n")
+        rerun = path.parent / RERUN / path.name
+        if rerun.is_file():
+            sections.append(rerun_table(rows, json.loads(rerun.read_text()), cols[-1]))
         plots.append((doc["machine"], rows, [c for c in cols if c.startswith("speedup")]))
     table = "\n".join(sections)
     _plot(plots, results_dir / "models.png")
     return table
+
+
+def rerun_table(rows: list[dict], second: dict, speedup: str) -> str:
+    """Each row of the table beside the same row of a second run (``second``, a results document): tvmpipe's
+    latency in both, its change, and the headline speedup (``speedup``) in both."""
+    key = lambda r: (r["model"], r["batch"], r["precision"])  # noqa: E731
+    again = {key(r): r for r in second["records"] if speedup in r}
+    pairs = [(r, again[key(r)]) for r in rows if speedup in r and key(r) in again]
+    if not pairs:
+        return ""
+    label = LABELS[speedup]
+    head = f"| model | batch | precision | tvmpipe ms | second run | change | {label} | second run | same code |\n|" + "---|" * 9
+    lines, changes = [], []
+    for a, b in pairs:
+        changes.append(b["tvmpipe_ms"] / a["tvmpipe_ms"] - 1)
+        lines.append(f"| {a['model']} | {a['batch']} | {a['precision']} | {a['tvmpipe_ms']:.3f} | {b['tvmpipe_ms']:.3f} | "
+                     f"{changes[-1]:+.1%} | {a[speedup]:.2f}x | {b[speedup]:.2f}x | "
+                     f"{'yes' if a.get('code') is not None and a.get('code') == b.get('code') else 'no'} |")
+    size = [abs(c) for c in changes]
+    wrong = [f"{b['model']} b{b['batch']} {b['precision']}" for _, b in pairs if not b.get("correct")]
+    verdict = f"NOT correct: {', '.join(wrong)}" if wrong else "all correct"
+    return (f"Second run ({second['updated']}, `{RERUN}/`): {len(pairs)} rows ({verdict}); tvmpipe's latency changed by "
+            f"{_median(size):.1%} (median) and at most {max(size):.1%}; geomean {label} "
+            f"{geomean([a[speedup] for a, _ in pairs]):.2f}x in the table, {geomean([b[speedup] for _, b in pairs]):.2f}x "
+            f"in the second run.\n\n{head}\n" + "\n".join(lines) + "\n")
 
 
 def _code_note(rows: list[dict], current: str) -> str:
@@ -541,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     for path in args.merge or []:
         doc = json.loads(path.read_text())
-        print(f"merged {path} -> {save(doc['records'], doc['machine'], doc['environment'], args.out)}")
+        print(f"merged {path} -> {save(doc['records'], doc['machine'], doc['environment'], args.out, doc['updated'])}")
     if args.report:
         write_report(args.out)
     return 0

@@ -79,3 +79,27 @@ def test_stale_rows(tmp_path):
     path = tmp_path / "models-h.json"
     assert zoo.stale_rows(path, ["gpt2", "resnet50"], "new") == [("resnet50", 1, "fp16"), ("gpt2", 32, "fp16")]
     assert zoo.stale_rows(tmp_path / "none.json", ["gpt2"], "new") == []
+
+
+def test_report_sets_a_second_run_beside_the_table(tmp_path):
+    """results/rerun/ holds a second run: the report lists each row's two latencies and speedups."""
+    rows = [{**_gpu("resnet50", 1, "fp32", 2.0, 4, 3), "code": "c1"}, {**_gpu("gpt2", 32, "fp16", 1.0, 1, 1), "code": "c1"}]
+    zoo.save(rows, "h", {}, tmp_path)
+    assert "Second run" not in zoo.report(tmp_path)
+    again = [{**_gpu("resnet50", 1, "fp32", 2.2, 4, 3.3), "code": "c1"}, {**_gpu("gpt2", 32, "fp16", 0.95, 1, 1), "code": "c2"}]
+    zoo.save(again, "h", {}, tmp_path / zoo.RERUN)
+    table = zoo.report(tmp_path)
+    assert "| resnet50 | 1 | fp32 | 2.000 | 2.200 | +10.0% | 1.50x | 1.50x | yes |" in table
+    assert "| gpt2 | 32 | fp16 | 1.000 | 0.950 | -5.0% | 1.00x | 1.05x | no |" in table
+    assert "| same code |\n|---|---|---|---|---|---|---|---|---|\n| resnet50 |" in table
+    assert "2 rows (all correct); tvmpipe's latency changed by 7.5% (median) and at most 10.0%" in table
+    assert f"geomean vs torch.compile {zoo.geomean([1.5, 1.0]):.2f}x in the table" in table
+    zoo.save([{**again[1], "correct": False}], "h", {}, tmp_path / zoo.RERUN)
+    assert "2 rows (NOT correct: gpt2 b32 fp16)" in zoo.report(tmp_path)
+
+
+def test_merge_keeps_when_the_rows_were_measured(tmp_path):
+    run = zoo.save([_gpu("gpt2", 1, "fp32", 2, 4, 3)], "h", {"gpu": "t"}, tmp_path / "device", "2026-01-02T03:04:05+00:00")
+    assert zoo.main(["--merge", str(run), "--out", str(tmp_path / "rerun")]) == 0
+    doc = json.loads((tmp_path / "rerun" / "models-h.json").read_text())
+    assert doc["updated"] == "2026-01-02T03:04:05+00:00" and doc["records"][0]["tvmpipe_ms"] == 2
