@@ -9,14 +9,16 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
 - short rows: ``lanes`` <= 32 threads (part of a warp) per row, several rows per block, row in
   registers, warp-shuffle reductions;
 - medium rows: one block per row, row in registers, block reductions; the input is read from memory once;
-- rows that do not fit one block's registers, and rows whose length breaks 16-byte alignment (50257):
-  one block per row with nothing cached (``cache="l2"``, ``softmax_tir.cuda_stream``): an online (max, sum)
-  pass, then a second read that L2 serves (the block has just read the row; memory sees one read); aligned
-  vectors of the flat tensor, so an odd row length keeps 128-bit accesses. (H200, 4096 x 50257: it replaced
-  a float32 row cached in shared memory, 0.66 ms, by 0.56-0.60 ms over two runs, and a float16 row in
-  registers read by scalar loads, 0.38 -> 0.26 ms; but a row that fits the registers stays there: 1024 x
-  32768 float32 0.073-0.076 ms cached, 0.096 ms streamed);
-- too few rows to fill the GPU: each row split over ``chunks`` blocks that write (max, sum) partials,
+- rows that do not fit one block's registers (or a block of 512 threads: one such block per SM stalls the
+  SM's loads during its reductions), and rows whose length breaks 16-byte alignment (50257): the stream
+  kernel (``cache="l2"``, ``softmax_tir.cuda_stream``), one block per row: an online (max, sum) pass, then
+  a second pass that takes the row's first ``cached`` steps from shared memory, where pass 1 left them, and
+  the rest from L2 (read last, so most likely still there); aligned vectors of the flat tensor, so an odd
+  row length keeps 128-bit accesses. Two blocks of <= 512 threads per SM with ~110 KB of cache each, or,
+  with no more rows than SMs, one of <= 1024 threads with ~220 KB. (H200, against the kernel without the
+  cache, in one run: 4096 x 50257 float32 0.605 -> 0.488 ms, float16 0.284 -> 0.265 ms; 1024 x 32768
+  float16 0.063 ms in registers -> 0.053 ms; 128 x 131072, split before, float32 0.060 -> 0.047 ms);
+- fewer rows than half the SMs: each row split over ``chunks`` blocks that write (max, sum) partials,
   then a combine + normalise kernel (two reads of the input, one write).
 CPU: parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
 read from memory once while it fits in cache; the exp pass prefetches the next row.
@@ -44,6 +46,9 @@ _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kern
 _REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
 _SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
 _STREAM_LANES, _STREAM_VECTORS = 512, 4  # stream kernel: threads per row, vectors in flight per thread
+# Stream kernel: shared memory its row caches may take per block: half an SM's (sm_90: 228 KB), so two blocks
+# share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
+_STREAM_CACHE_BYTES = 110 << 10
 # CPU: prefetch the next row during the exp pass up to this row size, so that its memory reads overlap the
 # exp arithmetic (64 x 50257 float32: -10 %); a 1 MB row (x, y and the next x) no longer fits in L2 (+10 %).
 _PREFETCH_ROW_BYTES = 256 << 10
@@ -94,6 +99,7 @@ class CudaPlan:
     rows_per_block: int = 1
     cache: str = "local"
     chunks: int = 1
+    cached: int = 0  # stream kernel: steps at a row's end also kept in shared memory (not re-read from L2)
 
     def regs(self) -> int:
         """32-bit registers per thread holding the cached slice as float32."""
@@ -125,21 +131,29 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
     if nvec <= 32 * _vec_budget(vec):  # fits a warp: <= 32 lanes per row
         lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
+    if rows < sms // 2 and rows * cols * itemsize >= _SPLIT_BYTES:  # a block per row would leave most SMs idle
+        # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
+        fit = _ceil(nvec, 512 * _vec_budget(vec))
+        chunks = max(fit, _ceil(4 * sms, rows))
+        pow2 = 1 << (chunks - 1).bit_length()
+        chunks = pow2 if nvec % pow2 == 0 else chunks
+        chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
+        return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
     whole = _block_plan(nvec, vec, 1024)
-    few = rows < sms and rows * cols * itemsize >= _SPLIT_BYTES  # one block per row would leave SMs idle
-    if not few and (vec < 16 // itemsize or whole.regs() > _REGS):
-        touched = _ceil(cols, 16 // itemsize) + 1  # vectors of the flat tensor a row's elements fall in
-        lanes = min(_STREAM_LANES, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32)
-        return CudaPlan(lanes, 16 // itemsize, _STREAM_VECTORS, cache="l2")
-    if not few:  # aligned, and in registers
-        return whole
-    # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
-    fit = _ceil(nvec, 512 * _vec_budget(vec))
-    chunks = max(fit, _ceil(4 * sms, rows))
-    pow2 = 1 << (chunks - 1).bit_length()
-    chunks = pow2 if nvec % pow2 == 0 else chunks
-    chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
-    return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
+    if vec < 16 // itemsize or whole.regs() > _REGS or whole.lanes > 512:
+        return _stream_plan(rows, cols, itemsize, sms)
+    return whole
+
+
+def _stream_plan(rows: int, cols: int, itemsize: int, sms: int) -> CudaPlan:
+    """The stream kernel's layout: two blocks of <= 512 threads per SM, or, where there are no more rows than
+    SMs, one of <= 1024 threads with all of the shared memory for its row cache."""
+    alone = rows <= sms
+    touched = _ceil(cols, 16 // itemsize) + 1  # vectors of the flat tensor a row's elements fall in
+    lanes = min(2 * _STREAM_LANES if alone else _STREAM_LANES, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32)
+    step = lanes * _STREAM_VECTORS  # vectors a block reads per step
+    cached = min(_ceil(touched, step), _STREAM_CACHE_BYTES * (2 if alone else 1) // (step * 16))
+    return CudaPlan(lanes, 16 // itemsize, _STREAM_VECTORS, cache="l2", cached=cached)
 
 
 def _schedule(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:
@@ -175,7 +189,7 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     if plan.chunks > 1:
         return _schedule_cuda_split(rows, cols, dtype, kind, plan)
     if plan.cache == "l2":  # a kernel already: nothing to schedule
-        return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
+        return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread, plan.cached), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])

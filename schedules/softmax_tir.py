@@ -195,7 +195,7 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
     return func
 
 
-def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int):
+def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0):
     """Streaming softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row,
     nothing cached. Pass 1 keeps an online (max, sum of exp) per thread, merged across the block; pass 2
     reads the row again and writes it. The block has just read the row, so the second read is served by L2:
@@ -206,10 +206,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     (50257) still gets 128-bit accesses; the two vectors at its ends, shared with the neighbouring rows, are
     read and written element by element. Each thread has ``per_thread`` vectors in flight per step. Pass 2
     walks the row backwards: it starts on what pass 1 read last, should L2 not hold all rows in flight.
+    The first ``cached`` steps are also kept in shared memory, each thread's own vectors (read back by the
+    thread that wrote them: no barrier), so pass 2 re-reads from L2 only the rest of the row, the part pass 1
+    read last; with fewer bytes per row left there, L2 holds them for every block in flight.
     """
     L, V, U, W = lanes, vec, per_thread, lanes // 32
     assert L % 32 == 0 and L <= 1024, L
     steps = -(-((cols + 2 * V - 2) // V) // (L * U))  # a row touches at most this many vectors
+    C = min(cached, steps)  # steps < C are kept in shared memory
+    keep_shape = (C, U, L, V) if C else (1,)
     f32, neg_inf = ACC, T.float32("-inf")
 
     def vector(it, u, tx):  # the row's vector a thread takes: consecutive threads, consecutive vectors
@@ -272,10 +277,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     xv = T.alloc_buffer((U, V), dtype, scope="local")
                     st = T.alloc_buffer((5,), f32, scope="local")  # max, sum; a peer's max, sum / a step's max; scratch
                     red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
+                    keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
                     st[0] = neg_inf
                     st[1] = T.float32(0)
                     for it in T.serial(steps):  # pass 1: online (max, sum)
                         load(it)
+                        if C > 0 and it < C:
+                            for u in T.unroll(U):
+                                for v in T.vectorized(V):
+                                    keep[it, u, tx, v] = xv[u, v]
                         st[2] = st[0]
                         for u in T.unroll(U):
                             for v in T.unroll(V):
@@ -298,7 +308,12 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
                     for ti in T.serial(steps):  # pass 2, last step first: normalise, write
                         it = T.meta_var(steps - 1 - ti)
-                        load(it)
+                        if C > 0 and it < C:
+                            for u in T.unroll(U):
+                                for v in T.vectorized(V):
+                                    xv[u, v] = keep[it, u, tx, v]
+                        else:
+                            load(it)
                         for u in T.unroll(U):
                             for v in T.unroll(V):
                                 xv[u, v] = result(T.Cast(f32, xv[u, v]), st)

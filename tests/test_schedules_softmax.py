@@ -86,16 +86,18 @@ def test_cuda_definitions_on_cpu(rng):
 
 
 # The stream kernel (odd-length and long rows), emulated: several steps per row, rows starting mid-vector,
-# a tensor ending mid-vector (5 x 1023), blocks of one and of several warps, on rows holding the special values.
-STREAM_CASES = [(4, 1025, "float32", 64, 2), (5, 1023, "float16", 32, 1), (12, 50, "float32", 32, 4),
-                (3, 4096, "float16", 96, 2)]
+# a tensor ending mid-vector (5 x 1023), blocks of one and of several warps, on rows holding the special values;
+# none, some or all of a row's steps (and more than it has) kept in shared memory.
+STREAM_CASES = [(4, 1025, "float32", 64, 2, 0), (4, 1025, "float32", 64, 2, 1), (5, 1023, "float16", 32, 1, 2),
+                (12, 50, "float32", 32, 4, 5), (3, 4096, "float16", 96, 2, 0), (3, 3000, "float32", 64, 1, 3)]
 
 
-@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread", STREAM_CASES)
+@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached", STREAM_CASES)
 @pytest.mark.parametrize("kind", S.KINDS)
-def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, kind):
+def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, kind):
     vec = 16 // np.dtype(dtype).itemsize
-    func = S.schedule_cuda(rows, cols, dtype, kind, S.CudaPlan(lanes, vec, per_thread, cache="l2")).mod["main"]
+    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached)
+    func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
     cuda_emu.run(func, targets.resolve("cuda-sm90").target, arrays)
@@ -104,20 +106,27 @@ def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, 
 
 
 def test_cuda_stream_plan_choice():
-    """Rows breaking 16-byte alignment or too long for one block's registers stream, in 16-byte vectors."""
-    for rows, cols, dtype in ((4096, 50257, "float32"), (4096, 50257, "float16"), (257, 131073, "float32"),
-                              (132, 16385, "float32"), (1024, 65536, "float32")):
+    """Rows breaking 16-byte alignment, too long for one block's registers or needing a block of more than 512
+    threads stream, in 16-byte vectors: two blocks per SM, each caching up to 110 KB of its row; where there are
+    no more rows than SMs, one block per SM with up to 1024 threads and twice the cache."""
+    for rows, cols, dtype, lanes in ((4096, 50257, "float32", 512), (4096, 50257, "float16", 512),
+                                     (257, 131073, "float32", 512), (133, 16385, "float32", 512),
+                                     (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
+                                     (128, 131072, "float32", 1024), (132, 16385, "float32", 1024)):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-        assert (plan.cache, plan.vec * np.dtype(dtype).itemsize, plan.chunks) == ("l2", 16, 1), (rows, cols, dtype, plan)
-        assert plan.lanes % 32 == 0 and plan.lanes <= 512
-    for rows, cols, dtype in ((4096, 4096, "float32"), (1024, 32768, "float32"), (16, 1 << 20, "float32")):
+        assert (plan.cache, plan.vec * np.dtype(dtype).itemsize, plan.chunks, plan.lanes) == ("l2", 16, 1, lanes), \
+            (rows, cols, dtype, plan)
+        shared = plan.cached * plan.lanes * plan.per_thread * 16
+        assert 0 < shared <= (220 << 10 if lanes == 1024 else 110 << 10), plan
+    for rows, cols, dtype in ((4096, 4096, "float32"), (1024, 16384, "float16"), (16, 1 << 20, "float32"),
+                              (65, 131072, "float16")):
         assert S.cuda_plan(rows, cols, dtype, "sm_90").cache != "l2", (rows, cols, dtype)
 
 
 @pytest.mark.parametrize(
     "rows, cols, dtype, regime",
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 4096, "float32", "block"),
-     (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (128, 131072, "float16", "split")],
+     (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
     """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, one read of the input."""
