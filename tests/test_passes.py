@@ -350,3 +350,19 @@ def test_small_constant_powers_are_products(capsys, tmp_path, rng, exponent, ops
     np.testing.assert_array_equal(np.signbit(ours[name]), np.signbit(ref[name]))
     (k,) = kernels(capsys, tmp_path / "model.onnx")
     assert k["ops"] == _ops(*ops)
+
+
+@pytest.mark.parametrize(
+    "indices,axis,sliced",
+    [(np.array(1), 0, True), (np.array(-1), 1, True), (np.array([1, 3, 5]), 2, True), (np.array([4]), 1, True),
+     (np.array([2, 0]), 2, False), (np.array([[0, 1]]), 0, False)],
+)
+def test_constant_index_gather_is_a_slice_that_fuses(capsys, tmp_path, rng, indices, axis, sliced):
+    """Gather at a constant index (PyTorch's packed q/k/v split) or evenly spaced ones becomes a slice, fused with
+    what follows; other index sets stay a take. Numbers vs onnxruntime either way."""
+    g = blocks.Graph()
+    picked = g.n("Gather", [g.input("x", [3, 5, 7]), g.c(indices.astype(np.int64))], axis=axis)
+    model = g.model([g.n("Relu", [picked])])
+    ks = check(capsys, tmp_path, model, rng, tol=1e-12)  # a copy: exact
+    ops = [op for k in ks for op in k["ops"]]
+    assert ("relax.take" not in ops and "relax.strided_slice" in ops and len(ks) == 1) == sliced, ks

@@ -7,9 +7,9 @@ per kernel, each tagged with the Relax ops it computes (``kernels``), plus the n
 
 Fusion levels, so that what fusion buys can be measured side by side (``benchmarks/fusion.py``):
 
-- ``"tvmpipe"`` (default): our graph passes (``GRAPH_PASSES``: constant folding, BatchNorm folding,
-  LayerNorm and attention recognition, transpose cancellation, x**2 and x**3 as products), then TVM's
-  lowering with FuseOps + FuseTIR.
+- ``"tvmpipe"`` (default): our graph passes (``GRAPH_PASSES``: constant folding, constant-index takes as
+  slices, BatchNorm folding, LayerNorm and attention recognition, transpose cancellation, x**2 and x**3 as
+  products), then TVM's lowering with FuseOps + FuseTIR.
 - ``"tvm"``: TVM's stock lowering only (LegalizeOps + FuseOps + FuseTIR), what ``tvm.compile`` does.
 - ``"none"`` (``--no-fusion``): no fusion at all, ours or TVM's: every Relax op left after import is a
   kernel of its own and every intermediate tensor goes through memory (BatchNormalization included: only
@@ -30,6 +30,7 @@ from .kernels import OPS_ATTR, SAVED_ATTR, KernelRecorder
 from .layernorm import FuseLayerNorm
 from .layout import SimplifyLayout
 from .small_powers import ExpandSmallPowers
+from .take_slice import TakeAsSlice
 
 __all__ = ["FUSION_LEVELS", "GRAPH_PASSES", "OPS_ATTR", "SAVED_ATTR", "optimize"]
 
@@ -39,6 +40,7 @@ FUSION_LEVELS = ("tvmpipe", "tvm", "none")
 GRAPH_PASSES: list[tuple[str, Callable]] = [
     ("FoldConstant", relax.transform.FoldConstant),
     ("DeadCodeElimination", relax.transform.DeadCodeElimination),
+    ("TakeAsSlice", TakeAsSlice),
     ("FoldBatchNorm", FoldBatchNorm),
     ("FuseLayerNorm", FuseLayerNorm),
     ("SimplifyLayout", SimplifyLayout),
