@@ -44,8 +44,30 @@ def clip_as_min_max(func: relax.Function, mod: tvm.IRModule, ctx: tvm.transform.
     return rewrite_call(is_op("relax.clip")(x, lo, hi), rewrite, func)
 
 
+@relax.transform.function_pass(opt_level=0, name="FoldScalarCasts")
+def fold_scalar_casts(func: relax.Function, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> relax.Function:
+    """``astype(scalar constant)`` -> the cast constant.
+
+    ToMixedPrecision casts every scalar operand (GPT-2's GELU coefficients, pow's exponent 3) and Relax's
+    FoldConstant leaves a cast of a 0-d constant alone, so the graph passes saw variables where constants
+    were: ``pow(x, 3)`` stayed a pow, and the reshapes before the GELU could not sink (``SinkReshapes``).
+    numpy casts float32 -> float16 to nearest even, as TVM does; other types stay as they are.
+    """
+    from tvm.relax.dpl import is_const, is_op, rewrite_call
+
+    def rewrite(call: relax.Call, match: dict) -> relax.Expr:
+        value, dtype = call.args[0].value.numpy(), str(call.attrs.dtype)
+        if value.ndim or dtype not in ("float16", "float32", "float64"):
+            return call
+        return relax.const(value.astype(dtype), dtype)
+
+    return rewrite_call(is_op("relax.astype")(is_const()), rewrite, func)
+
+
 def apply(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     """Rewrite ``mod`` for ``precision`` (before the graph passes, which then fold the weight casts)."""
     if precision == "fp32":
         return mod
-    return tvm.transform.Sequential([clip_as_min_max, relax.transform.ToMixedPrecision(out_dtype="float32")])(mod)
+    return tvm.transform.Sequential(
+        [clip_as_min_max, relax.transform.ToMixedPrecision(out_dtype="float32"), fold_scalar_casts]
+    )(mod)

@@ -366,3 +366,63 @@ def test_constant_index_gather_is_a_slice_that_fuses(capsys, tmp_path, rng, indi
     ks = check(capsys, tmp_path, model, rng, tol=1e-12)  # a copy: exact
     ops = [op for k in ks for op in k["ops"]]
     assert ("relax.take" not in ops and "relax.strided_slice" in ops and len(ks) == 1) == sliced, ks
+
+
+def _addmm_view(g: "blocks.Graph", rng) -> str:
+    """Hugging Face GPT-2's Conv1D: a 2-D addmm viewed as [1, 6, 10]."""
+    h = g.n("Add", [g.n("MatMul", [g.input("x", [6, 8]), g.c(rng.standard_normal((8, 10)).astype(np.float32))]),
+                    g.c(rng.standard_normal(10).astype(np.float32))])
+    return g.n("Reshape", [h, g.c(np.array([1, 6, 10], np.int64))])
+
+
+def _tanh_gelu(g: "blocks.Graph", h: str) -> str:
+    cube = g.n("Mul", [g.n("Pow", [h, g.c(np.array(3.0, np.float32))]), g.c(np.array(0.044715, np.float32))])
+    t = g.n("Tanh", [g.n("Mul", [g.n("Add", [h, cube]), g.c(np.array(0.7978845608, np.float32))])])
+    return g.n("Mul", [g.n("Mul", [h, g.c(np.array(0.5, np.float32))]), g.n("Add", [t, g.c(np.array(1.0, np.float32))])])
+
+
+@pytest.mark.parametrize("tail", ["gelu", "residual", "output"])
+def test_elementwise_after_an_addmm_view_fuses_into_the_matmul(capsys, tmp_path, rng, tail):
+    """GPT-2's MLP: the tanh-GELU after its reshaped addmm (then the next matmul), or the residual add (then a
+    reduction), is the matmul's epilogue; at a model output the last op keeps the reshape (no copy kernel)."""
+    g = blocks.Graph()
+    h = _addmm_view(g, rng)
+    if tail == "gelu":
+        flat = g.n("Reshape", [_tanh_gelu(g, h), g.c(np.array([6, 10], np.int64))])
+        y = g.n("MatMul", [flat, g.c(rng.standard_normal((10, 4)).astype(np.float32))])
+    elif tail == "residual":
+        y = g.n("ReduceSum", [g.n("Add", [h, g.input("r", [1, 6, 10])]), g.c(np.array([-1], np.int64))])
+    else:
+        y = _tanh_gelu(g, h)
+    ks = check(capsys, tmp_path, g.model([y]), rng)
+    (first,) = [k for k in ks if "relax.matmul" in k["ops"] and "relax.add" in k["ops"]]
+    if tail == "gelu":
+        assert "relax.tanh" in first["ops"], ks
+    elif tail == "residual":
+        assert first["ops"].count("relax.add") == 2, ks
+    assert all(k["ops"] != ["relax.reshape"] for k in ks), ks
+@pytest.mark.parametrize("case", ["fewer axes", "broadcast"])
+def test_reshapes_that_must_stay_do(capsys, tmp_path, rng, case):
+    """A reshape that removes axes, and an op whose other operand broadcasts, keep their order (numbers only)."""
+    g = blocks.Graph()
+    x = g.input("x", [2, 3, 4])
+    if case == "fewer axes":
+        y = g.n("Tanh", [g.n("Reshape", [x, g.c(np.array([6, 4], np.int64))])])
+    else:
+        y = g.n("Add", [g.n("Reshape", [x, g.c(np.array([1, 6, 4], np.int64))]), g.input("b", [4])])
+    check(capsys, tmp_path, g.model([y]), rng)
+
+
+def test_gelu_after_an_addmm_view_fuses_under_mixed_precision(capsys, tmp_path, rng):
+    """``--precision fp16``: ToMixedPrecision casts the GELU's scalars (``astype(3.0)``); folded to constants, the
+    pow becomes products and the GELU is the tensor-core GEMM's epilogue."""
+    g = blocks.Graph()
+    flat = g.n("Reshape", [_tanh_gelu(g, _addmm_view(g, rng)), g.c(np.array([6, 10], np.int64))])
+    y = g.n("MatMul", [flat, g.c(rng.standard_normal((10, 4)).astype(np.float32))])
+    path = save(g.model([y]), tmp_path / "m.onnx")
+    r = run_cli(capsys, "compile", path, "--target", "cuda-sm90", "--precision", "fp16", "-o", tmp_path / "m.tvmpkg")
+    assert r.code == 0, r.err
+    with zipfile.ZipFile(tmp_path / "m.tvmpkg") as zf:
+        kernels = json.loads(zf.read("manifest.json"))["kernels"]
+    (gelu,) = [name for name in kernels if "tanh" in name]
+    assert kernels[gelu] == "hand:GpuMatmul" and "power" not in gelu, kernels

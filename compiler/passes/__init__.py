@@ -9,7 +9,7 @@ Fusion levels, so that what fusion buys can be measured side by side (``benchmar
 
 - ``"tvmpipe"`` (default): our graph passes (``GRAPH_PASSES``: constant folding, constant-index takes as
   slices, BatchNorm folding, LayerNorm and attention recognition, transpose cancellation, x**2 and x**3 as
-  products), then TVM's lowering with FuseOps + FuseTIR.
+  products, reshapes moved below elementwise ops), then TVM's lowering with FuseOps + FuseTIR.
 - ``"tvm"``: TVM's stock lowering only (LegalizeOps + FuseOps + FuseTIR), what ``tvm.compile`` does.
 - ``"none"`` (``--no-fusion``): no fusion at all, ours or TVM's: every Relax op left after import is a
   kernel of its own and every intermediate tensor goes through memory (BatchNormalization included: only
@@ -29,6 +29,7 @@ from .fold_batchnorm import FoldBatchNorm
 from .kernels import OPS_ATTR, SAVED_ATTR, KernelRecorder
 from .layernorm import FuseLayerNorm
 from .layout import SimplifyLayout
+from .reshape_sink import SinkReshapes
 from .small_powers import ExpandSmallPowers
 from .take_slice import TakeAsSlice
 
@@ -47,6 +48,7 @@ GRAPH_PASSES: list[tuple[str, Callable]] = [
     ("FuseAttention", FuseAttention),
     ("SimplifyLayout", SimplifyLayout),  # the transposes around the attention op cancel the exporter's
     ("ExpandSmallPowers", ExpandSmallPowers),
+    ("SinkReshapes", SinkReshapes),
     ("RemoveRedundantReshape", relax.transform.RemoveRedundantReshape),
     ("FoldConstant", relax.transform.FoldConstant),
     ("DeadCodeElimination", relax.transform.DeadCodeElimination),

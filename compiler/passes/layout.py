@@ -17,15 +17,12 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .util import private, static_shape, users
+from .util import UNARY_ELEMENTWISE, private, static_shape, users
 
-_UNARY_OPS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.leakyrelu",
-              "relax.sigmoid", "relax.tanh", "relax.exp", "relax.erf", "relax.sqrt", "relax.negative",
-              "relax.abs", "relax.clip", "relax.astype")
 _TRANSPOSE = is_op("relax.permute_dims")(wildcard())
 _INNER = is_op("relax.permute_dims")(wildcard())
 _TWO = is_op("relax.permute_dims")(_INNER)
-_UNARY = reduce(or_, (is_op(op)(_INNER, varg_default_wildcard=True) for op in _UNARY_OPS))
+_UNARY = reduce(or_, (is_op(op)(_INNER, varg_default_wildcard=True) for op in UNARY_ELEMENTWISE))
 _THROUGH = is_op("relax.permute_dims")(_UNARY)
 
 

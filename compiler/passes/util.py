@@ -9,6 +9,12 @@ import tvm
 from tvm import relax
 
 
+# Relax ops that map each element on its own (extra arguments, if any, are attributes such as clip's bounds).
+UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.leakyrelu",
+                     "relax.sigmoid", "relax.tanh", "relax.exp", "relax.erf", "relax.sqrt", "relax.negative",
+                     "relax.abs", "relax.clip", "relax.astype")
+
+
 def const_array(expr: relax.Expr) -> np.ndarray | None:
     """The value of a Relax constant (None for anything else)."""
     return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
