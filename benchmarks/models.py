@@ -15,8 +15,9 @@ committed), compiled with tvmpipe and checked and timed:
   python3 benchmarks/models.py --target cuda-sm90 --stale --models gpt2 --out DIR  # rows of older code
   python benchmarks/models.py --report                       # results/*.json -> RESULTS.md, PNG, README
 
-Each row records a digest of the compiler's sources ("code"); the report names the rows measured with other
-code than the checkout's, which --variants or --stale can then re-measure. A second run of the same code,
+Each row records a digest of the compiler's sources ("code") and of the compiled library it timed ("build");
+the report names the rows measured with other code than the checkout's, which --variants or --stale can then
+re-measure. A second run of the same code,
 merged into results/rerun/ (``--merge FILE --out benchmarks/results/rerun``), is set beside the table row by
 row, so that the report shows how far the numbers reproduce.
 
@@ -169,18 +170,30 @@ def package_path(model: str, batch: int, target: str, precision: str, cuda_graph
     return CACHE / f"{model}-b{batch}-{target}-{precision}{'-graph' if cuda_graph else ''}.tvmpkg"
 
 
+def build_digest(package: str | Path) -> str:
+    """12 hex digits of a package's compiled library (kernels, host code and weights; not the manifest, which
+    holds a timestamp). The build is deterministic, so rows with the same digest ran the same code whatever the
+    sources' digest (``code``) says: the report compares a second run by it."""
+    import zipfile
+
+    from compiler.package import LIBRARY
+
+    with zipfile.ZipFile(package) as zf:
+        return hashlib.sha256(zf.read(LIBRARY)).hexdigest()[:12]
+
+
 def compile_package(model: str, batch: int, target: str, precision: str, cuda_graph: bool, reuse: bool) -> dict:
-    """Export (cached) and compile one variant; returns {"package", "compile_s"} or {"error"}."""
+    """Export (cached) and compile one variant; returns {"package", "compile_s", "build"} or {"error"}."""
     from compiler.pipeline import Options, compile_model
 
     pkg = package_path(model, batch, target, precision, cuda_graph)
     if reuse and pkg.is_file():
-        return {"package": str(pkg), "compile_s": None}
+        return {"package": str(pkg), "compile_s": None, "build": build_digest(pkg)}
     try:
         src = export(model, batch)
         t0 = time.perf_counter()
         compile_model(src, target, pkg, options=Options(precision=precision, cuda_graph=cuda_graph))
-        return {"package": str(pkg), "compile_s": round(time.perf_counter() - t0, 1)}
+        return {"package": str(pkg), "compile_s": round(time.perf_counter() - t0, 1), "build": build_digest(pkg)}
     except Exception as err:  # one model failing must not stop the zoo: it is recorded as a failure
         return {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
 
@@ -222,7 +235,7 @@ def run_cpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
             tvmpipe_ms=_median(ours), ort_ms=_median(theirs), speedup_vs_ort=_median(theirs) / _median(ours),
             tvmpipe_min_ms=min(ours), ort_min_ms=min(theirs),
             correct=err["max_rel_err"] <= TOLERANCE["fp32"], tolerance=TOLERANCE["fp32"], **err,
-            compile_s=built["compile_s"], kernels=_kernel_summary(runner.manifest), runs=len(ours),
+            compile_s=built["compile_s"], build=built["build"], kernels=_kernel_summary(runner.manifest), runs=len(ours),
         )
         print(f"{name}: tvmpipe {rec['tvmpipe_ms']:.2f} ms, onnxruntime {rec['ort_ms']:.2f} ms "
               f"({rec['speedup_vs_ort']:.2f}x), max rel err {err['max_rel_err']:.2e}", flush=True)
@@ -318,7 +331,7 @@ def run_gpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
             rec.update(
                 tvmpipe_ms=ours, speedup_vs_torch_eager=rec["torch_eager_ms"] / ours,
                 correct=err["max_rel_err"] <= TOLERANCE[precision], tolerance=TOLERANCE[precision], **err,
-                compile_s=built["compile_s"], kernels=_kernel_summary(runner.manifest),
+                compile_s=built["compile_s"], build=built["build"], kernels=_kernel_summary(runner.manifest),
             )
             print(f"{name} b{batch} {precision}: tvmpipe {ours:.3f} ms, eager {rec['torch_eager_ms']:.3f} ms, "
                   f"torch.compile {rec.get('torch_compile_ms', float('nan')):.3f} ms, "
@@ -432,9 +445,15 @@ def report(results_dir: Path) -> str:
     return table
 
 
+def _same_code(a: dict, b: dict) -> bool:
+    """Whether two rows ran the same code: the same compiled library where both record one, else the same sources."""
+    field = "build" if "build" in a and "build" in b else "code"
+    return a.get(field) is not None and a.get(field) == b.get(field)
+
+
 def rerun_table(rows: list[dict], second: dict, speedup: str) -> str:
     """Each row of the table beside the same row of a second run (``second``, a results document): tvmpipe's
-    latency in both, its change, and the headline speedup (``speedup``) in both."""
+    latency in both, its change, the headline speedup (``speedup``) in both, and whether both ran the same code."""
     key = lambda r: (r["model"], r["batch"], r["precision"])  # noqa: E731
     again = {key(r): r for r in second["records"] if speedup in r}
     pairs = [(r, again[key(r)]) for r in rows if speedup in r and key(r) in again]
@@ -447,7 +466,7 @@ def rerun_table(rows: list[dict], second: dict, speedup: str) -> str:
         changes.append(b["tvmpipe_ms"] / a["tvmpipe_ms"] - 1)
         lines.append(f"| {a['model']} | {a['batch']} | {a['precision']} | {a['tvmpipe_ms']:.3f} | {b['tvmpipe_ms']:.3f} | "
                      f"{changes[-1]:+.1%} | {a[speedup]:.2f}x | {b[speedup]:.2f}x | "
-                     f"{'yes' if a.get('code') is not None and a.get('code') == b.get('code') else 'no'} |")
+                     f"{'yes' if _same_code(a, b) else 'no'} |")
     size = [abs(c) for c in changes]
     wrong = [f"{b['model']} b{b['batch']} {b['precision']}" for _, b in pairs if not b.get("correct")]
     verdict = f"NOT correct: {', '.join(wrong)}" if wrong else "all correct"

@@ -103,3 +103,31 @@ def test_merge_keeps_when_the_rows_were_measured(tmp_path):
     assert zoo.main(["--merge", str(run), "--out", str(tmp_path / "rerun")]) == 0
     doc = json.loads((tmp_path / "rerun" / "models-h.json").read_text())
     assert doc["updated"] == "2026-01-02T03:04:05+00:00" and doc["records"][0]["tvmpipe_ms"] == 2
+
+
+def test_second_run_compares_builds_where_recorded(tmp_path):
+    """Rows that record the compiled library's digest are the same code when it matches, whatever the sources'."""
+    zoo.save([{**_gpu("gpt2", 1, "fp32", 2.0, 4, 3), "code": "c1", "build": "b1"},
+              {**_gpu("gpt2", 32, "fp16", 1.0, 1, 1), "code": "c1", "build": "b1"}], "h", {}, tmp_path)
+    zoo.save([{**_gpu("gpt2", 1, "fp32", 2.0, 4, 3), "code": "c2", "build": "b1"},
+              {**_gpu("gpt2", 32, "fp16", 1.0, 1, 1), "code": "c1", "build": "b2"}], "h", {}, tmp_path / zoo.RERUN)
+    table = zoo.report(tmp_path)
+    assert "| gpt2 | 1 | fp32 | 2.000 | 2.000 | +0.0% | 1.50x | 1.50x | yes |" in table
+    assert "| gpt2 | 32 | fp16 | 1.000 | 1.000 | +0.0% | 1.00x | 1.00x | no |" in table
+
+
+def test_build_digest_is_the_compiled_library(capsys, tmp_path):
+    """Compiling the same model twice gives the same digest (the manifest's timestamp is left out); another
+    model gives another."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import make_model, run_cli, save
+
+    digests = []
+    for op in ("Relu", "Relu", "Sigmoid"):
+        model = make_model([helper.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, [3, 5])],
+                           [("y", TensorProto.FLOAT, [3, 5])])
+        src, pkg = save(model, tmp_path / f"{op}.onnx"), tmp_path / f"{op}-{len(digests)}.tvmpkg"
+        assert run_cli(capsys, "compile", src, "--target", "cpu", "-o", pkg).code == 0
+        digests.append(zoo.build_digest(pkg))
+    assert digests[0] == digests[1] != digests[2]
