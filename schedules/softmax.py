@@ -91,7 +91,7 @@ legalize_log_softmax = _legalize("log_softmax")
 class CudaPlan:
     """How a row is spread over threads: ``lanes`` threads x ``per_thread`` vectors of ``vec`` elements
     per row (or per chunk of a row when ``chunks`` > 1), ``rows_per_block`` rows per thread block, the
-    row slice cached in registers (``cache`` "local") or not at all ("l2": the stream kernel)."""
+    row slice cached in registers (``cache`` "local") or streamed ("l2": the stream kernel)."""
 
     lanes: int
     vec: int
@@ -99,11 +99,7 @@ class CudaPlan:
     rows_per_block: int = 1
     cache: str = "local"
     chunks: int = 1
-    cached: int = 0  # stream kernel: steps at a row's end also kept in shared memory (not re-read from L2)
-
-    def regs(self) -> int:
-        """32-bit registers per thread holding the cached slice as float32."""
-        return self.per_thread * self.vec
+    cached: int = 0  # stream kernel: a row's first steps also kept in shared memory (not re-read from L2)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -140,7 +136,8 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
         chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
         return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
     whole = _block_plan(nvec, vec, 1024)
-    if vec < 16 // itemsize or whole.regs() > _REGS or whole.lanes > 512:
+    # (a row too long for the registers needs all 1024 lanes, so "more than 512 lanes" covers it)
+    if vec < 16 // itemsize or whole.lanes > 512:
         return _stream_plan(rows, cols, itemsize, sms)
     return whole
 

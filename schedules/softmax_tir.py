@@ -197,7 +197,7 @@ def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0):
     """Streaming softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row,
-    nothing cached. Pass 1 keeps an online (max, sum of exp) per thread, merged across the block; pass 2
+    nothing held in registers across the passes. Pass 1 keeps an online (max, sum of exp) per thread, merged across the block; pass 2
     reads the row again and writes it. The block has just read the row, so the second read is served by L2:
     memory sees one read and one write, and with little state per thread several blocks share an SM, so
     one block's reductions overlap another's loads (a register-cached long row leaves one block per SM).
