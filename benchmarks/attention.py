@@ -6,7 +6,7 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
     python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering
     python3 benchmarks/attention.py --summary FILE     # per shape: rule's choice, best tile config, torch (from --run's JSON)
 
-``--build`` compiles every kernel below (static shapes, sm_90, cubin + PTX via NVRTC) into ONE library:
+``--build`` compiles every kernel below (static shapes, sm_90a, cubin + PTX via NVRTC) into ONE library:
 the kernel our schedule rule picks (impl "tvmpipe"), plus, for the benchmark shapes, the other tile
 configurations of the tensor-core kernel (records with a "variant"), so one GPU run can tell which
 configuration the rule should pick. ``--run`` loads it with the TVM runtime alone. Benchmarks: batch x seq = 16384 tokens, hidden 2048
@@ -58,23 +58,19 @@ class Case:
         return full / 2 if self.causal else full
 
     def variants(self, spec) -> list:
-        """Tile configurations to time besides the rule's choice (benchmark shapes only): 64/128-key tiles,
-        8 warps x 32 rows sharing each K/V tile (``w8m2``) with and without ping-pong (``p``), 8 warps x 16 rows
-        with registers capped for 2 CTAs per SM (``m1...b2``); for causal masks also the rule's choice without
-        heaviest-first launch order (``x``)."""
-        from dataclasses import replace
+        """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the
+        rule picks without wgmma (sm_80's choice), and wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
+        with other key tiles. The correctness cases check the wgmma kernel too, where the rule picks mma.sync
+        for their short sequences."""
+        from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose
 
-        from schedules.attention_cuda import TileConfig, choose
-
+        chosen = choose(spec, wgmma=True)
         if not self.bench:
-            return []
-        chosen = choose(spec)
-        other = [TileConfig(warps=8, m_tiles=2), TileConfig(warps=8, m_tiles=2, pingpong=True),
-                 TileConfig(warps=8, m_tiles=1, min_blocks=2)]
-        if self.head_dim <= 64:
-            other += [TileConfig(bn=64), TileConfig(bn=128)]
-        if self.causal:
-            other.append(replace(chosen, lpt=False))
+            wgmma = TileConfig(warps=16, m_tiles=1, bn=64 if self.head_dim <= 64 else 32, stages=3, wgmma=True)
+            tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
+            return [wgmma] if tensor_cores and wgmma != chosen else []
+        shapes = ((16, 64), (12, 64), (12, 128)) if self.head_dim <= 64 else ((16, 32), (12, 64), (12, 96))
+        other = [choose(spec)] + [TileConfig(warps=w, m_tiles=1, bn=n, stages=3, wgmma=True) for w, n in shapes]
         return [c for c in other if c != chosen]
 
 
@@ -92,6 +88,9 @@ CASES = [
     Case("fully_masked_rows", 1, 200, 300, 2, 2, 64, bias="masked-rows"),
     Case("fallback_fp32", 1, 300, 300, 4, 4, 64, "float32", causal="TopLeft"),
     Case("fallback_d80", 2, 129, 129, 4, 4, 80),
+    # long enough for the rule's wgmma kernel: key padding; grouped heads with a bottom-right causal mask
+    Case("key_padding_long", 2, 1500, 1500, 4, 4, 128, bias="padding"),
+    Case("gqa_causal_long", 1, 2100, 2300, 8, 2, 128, "bfloat16", causal="BottomRight"),
 ] + [  # the zoo's fp32 attention at batch 1 (CUDA cores): BERT-base (key padding), GPT-2 prefill (causal), ViT-B/16
     Case(f"zoo_fp32_{name}", 1, s, s, 12, 12, 64, "float32", bias=bias, causal=causal, splits=(1, 2, 4, 8, 16))
     for name, s, bias, causal in (("bert", 128, "padding", None), ("gpt2", 256, None, "TopLeft"), ("vit", 197, None, None))

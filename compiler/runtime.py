@@ -55,6 +55,14 @@ def load_cuda_runtime() -> None:
         raise TvmpipeError(f"TVM's CUDA runtime cannot be loaded: {err}") from None
 
 
+def gpu_code_runs(arch: str, images: list[str], have: int) -> bool:
+    """Whether a package's GPU code for ``arch`` (e.g. ``sm_90a``) runs on a GPU of compute capability ``have``
+    (e.g. 90): its cubin on that SM; its PTX on later ones too, unless the arch is arch-specific (``a``: wgmma)."""
+    built = arch.removeprefix("sm_")
+    sm = int(built.rstrip("a"))
+    return have == sm or (have > sm and not built.endswith("a") and any("ptx" in i for i in images))
+
+
 def _check_compatible(manifest: dict, path: str) -> None:
     import tvm
 
@@ -82,11 +90,9 @@ def _check_compatible(manifest: dict, path: str) -> None:
             raise TvmpipeError(
                 f"{path} is built for {target['name']} ({target['arch']}) but this machine has no CUDA GPU"
             )
-        have = "sm_" + dev.compute_version.replace(".", "")
-        images = manifest.get("gpu_code", {}).get("images", [])
-        has_ptx = any("ptx" in i for i in images)
-        if have != target["arch"] and not (has_ptx and have > target["arch"]):
-            raise TvmpipeError(f"{path} holds GPU code for {target['arch']}, but this GPU is {have}")
+        have = int(dev.compute_version.replace(".", ""))
+        if not gpu_code_runs(target["arch"], manifest.get("gpu_code", {}).get("images", []), have):
+            raise TvmpipeError(f"{path} holds GPU code for {target['arch']}, but this GPU is sm_{have}")
     else:
         missing = sorted(set(target.get("cpu_flags", [])) - set(host_cpu_flags()))
         if missing:

@@ -81,6 +81,15 @@ def default_schedule(func: tirx.PrimFunc, target: TargetInfo) -> tuple[tirx.Prim
     return None, "default"
 
 
+def same_gpu(spec: dict, other: dict) -> bool:
+    """Whether two target specs time alike: equal but for an arch-specific suffix (``sm_90`` / ``sm_90a`` are
+    one GPU; the suffix only unlocks instructions such as wgmma)."""
+    def base(s: dict) -> dict:
+        return {**s, "arch": str(s["arch"]).removesuffix("a")} if "arch" in s else s
+
+    return base(spec) == base(other)
+
+
 def _open_log(log: str | Path, target: TargetInfo) -> tuple[object, dict[str, float]]:
     """The MetaSchedule database of a log directory and the default latencies (us) its report holds per
     kernel, or a clear error."""
@@ -90,7 +99,7 @@ def _open_log(log: str | Path, target: TargetInfo) -> tuple[object, dict[str, fl
     report = path / tuning_log.REPORT
     meta = json.loads(report.read_text()) if report.is_file() else {}
     tuned_for = meta.get("target", {}).get("spec", target.spec)
-    if tuned_for != target.spec:
+    if not same_gpu(tuned_for, target.spec):
         warnings.warn(f"tuning log {path} was made for {tuned_for}, this target is {target.spec}: "
                       "its schedules apply, their speed may differ here")
     defaults = {t["name"]: t["default_us"] for t in meta.get("tasks", []) if t.get("default_us")}

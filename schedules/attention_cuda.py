@@ -1,4 +1,4 @@
-"""Fused attention for CUDA: a FlashAttention-2 style tensor-core kernel, and a SIMT fallback.
+"""Fused attention for CUDA: FlashAttention-2/3 style tensor-core kernels (mma.sync, wgmma), and a SIMT fallback.
 
 Why hand-written TVMScript and not schedule primitives: the two GEMMs share register-resident
 fragments (the fp32 score accumulators are re-packed in registers as the A operand of P·V, the
@@ -31,6 +31,17 @@ Tensor-core kernel (fp16 / bf16, head_dim == head_dim_v in {32, 64, 96, 128}):
   all warps reaching their softmax together (they are kept in step by the per-tile CTA barriers);
 * the epilogue stages O through shared memory for 16-byte coalesced stores.
 
+Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``choose``):
+
+* each warpgroup (4 warps) owns 64 query rows and runs both GEMMs as ``wgmma.mma_async.m64nNk16``: S from Q
+  and K in shared memory, O += P·V with P straight from the S registers (wgmma's A-register fragment is
+  mma.m16n8k16's) and V read transposed; Q/K/V tiles sit in wgmma's no-swizzle core-matrix layout (8 rows x
+  16 bytes contiguous), which cp.async fills directly (a microbenchmark ran it at 870-970 TFLOP/s);
+* FlashAttention-3's in-warpgroup pipeline over a ring of 3 K/V stages: S of tile j+1 is issued, O rescaled
+  under it, P·V of tile j issued; tile j+1's softmax runs while P·V is on the tensor cores;
+* every wgmma is issued and waited on every path (ptxas serialises all of them otherwise), and empty-asm
+  register pins keep the compiler from moving register uses across the waits.
+
 Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4): A regs a0..a3 hold rows
 (g, g+8, g, g+8) x cols (2t, 2t, 2t+8, 2t+8); B regs b0, b1 hold k rows 2t, 2t+8 of column g;
 C holds (g, 2t..2t+1) and (g+8, 2t..2t+1). Hence the S accumulators of n-tiles 2kk and 2kk+1 are,
@@ -56,10 +67,15 @@ def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.
     return dtype in TC_DTYPES and head_dim == head_dim_v and head_dim in TC_HEAD_DIMS and sm_version(target) >= 80
 
 
+def has_wgmma(target: tvm.target.Target) -> bool:
+    """Whether ``target`` has Hopper's warpgroup MMA (``sm_90a``: wgmma exists only in the arch-specific ISA)."""
+    return sm_version(target) >= 90 and str(target.attrs.get("arch", "")).endswith("a")
+
+
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     """The fused kernel for ``spec`` (an ``AttentionSpec``): tensor cores where they apply."""
     if tensor_cores(spec.dtype, spec.head_dim, spec.head_dim_v, target):
-        return flash_mma(spec, choose(spec))
+        return flash_mma(spec, choose(spec, has_wgmma(target)))
     return flash_simt(spec, simt_split(spec))
 
 
@@ -75,20 +91,35 @@ class TileConfig:
     min_blocks: int = 0  # CTAs that must fit on one SM (caps registers per thread; 0: no cap)
     lpt: bool = True  # causal: launch the longest query tiles of all heads first (largest-processing-time order)
     pingpong: bool = False  # two warp groups take turns on the tensor cores: one's GEMM overlaps the other's softmax
+    wgmma: bool = False  # Hopper (sm_90a): each group of 4 warps runs both GEMMs as one wgmma.m64 (needs m_tiles=1)
 
     @property
     def name(self) -> str:
         return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
-                f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}")
+                f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
+                f"{'g' if self.wgmma else ''}")
 
 
-def choose(spec) -> TileConfig:
+def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
-    head_dim <= 64 with a causal mask: 128-key tiles (one tile holds a 128-row query tile's diagonal; the
-    64-key tiles lost 6-14 % there). Otherwise 64-key tiles: for d64 without mask they need 168 registers, so
-    3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the registers.
+    wgmma (sm_90a) where it won: no causal mask and at least 1024 query rows (512 for head_dim > 64; or a symbolic
+    count), or a causal mask with head_dim > 64 and at least 2048 rows. 4 warpgroups (256 query rows) per CTA: their GEMMs cover
+    each other's waits at the per-tile barrier (3 warpgroups: -3-15 %, 2: -15-30 %); 64-key tiles for
+    head_dim <= 64, 32 for larger heads, which keeps 4 warpgroups within 128 registers per thread. Shorter
+    sequences lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU), and so do causal
+    d64 heads (the diagonal tiles, whose wgmma run for all 4 warpgroups, weigh more).
+    mma.sync: head_dim <= 64 with a causal mask: 128-key tiles (one tile holds a 128-row query tile's diagonal;
+    the 64-key tiles lost 6-14 % there). Otherwise 64-key tiles: for d64 without mask they need 168 registers,
+    so 3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the
+    registers.
     """
+    def at_least(n, rows):
+        return not isinstance(n, int) or n >= rows
+
+    big = spec.head_dim > 64
+    if wgmma and (at_least(spec.seq_q, 512 if big else 1024) if spec.causal == "none" else big and at_least(spec.seq_q, 2048)):
+        return TileConfig(warps=16, m_tiles=1, bn=64 if spec.head_dim <= 64 else 32, stages=3, wgmma=True)
     return TileConfig(bn=128 if spec.head_dim <= 64 and spec.causal != "none" else 64)
 
 
@@ -103,10 +134,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     MT, stages = cfg.m_tiles, cfg.stages
     WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
     BM, BN = WM * cfg.warps, cfg.bn
+    WG = cfg.wgmma
     DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
     CPR = D // 8  # 16-byte chunks per row
-    Q_OFF, K_OFF, V_OFF = 0, BM * DP, BM * DP + stages * BN * DP  # in one shared buffer (elements)
-    SMEM = V_OFF + stages * BN * DP
+    RS = D if WG else DP  # elements per tile row: wgmma's core-matrix layout needs no padding
+    Q_OFF, K_OFF, V_OFF = 0, BM * RS, BM * RS + stages * BN * RS  # in one shared buffer (elements)
+    SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows
+    GR = 64 if WG else WM  # query rows per GEMM issuer (a warpgroup's wgmma.m64, or a warp)
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
@@ -117,11 +151,27 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     f32, neg_inf = "float32", T.float32("-inf")
     shfl = warp_shuffle_xor
 
-    assert (BM * CPR) % NT == 0 and (BN * CPR) % NT == 0, "tile copies must split evenly over the threads"
     assert not cfg.pingpong or cfg.warps % 2 == 0, "ping-pong needs two equal warp groups"
+    assert not WG or (MT == 1 and cfg.warps % 4 == 0 and not cfg.q_in_regs and BN <= 256), "wgmma: whole warpgroups, m64"
+    assert not WG or (stages == 3 and not cfg.pingpong), "wgmma pipeline: a ring of 3 K/V stages (see tile_wgmma)"
+    assert SMEM * 2 <= 227 * 1024, f"{cfg.name}: {SMEM * 2} bytes of shared memory, more than an SM has"
+
+    def at(base, r, col):
+        """Element offset of tile row ``r``, column ``col`` (a multiple of 8 for wgmma) in the tile at ``base``.
+
+        wgmma (no swizzle) reads 8 x 8 core matrices of 128 contiguous bytes: core matrix (r // 8, col // 8) of a
+        row band sits at ((r // 8) * CPR + col // 8) * 64, so both descriptors' strides are constants: 128 B to the
+        next 8 columns, 16 * D B to the next 8 rows. Q and K are read K-major (rows = M / N), V MN-major (rows = K).
+        """
+        return base + (r // 8 * CPR + col // 8) * 64 + r % 8 * 8 + col % 8 if WG else base + r * DP + col
 
     def tile_start(bx):  # causal: the heaviest query tiles first
         return (nq - 1 - bx) * BM if causal else bx * BM
+
+    def live(q0, tx, key0, masked):
+        """Whether the rows of this thread's GEMM issuer (a warp; wgmma: a warpgroup, as the instruction is
+        collective) see a key from ``key0`` on; a causal tile wholly past them is skipped (all scores -inf)."""
+        return key0 <= q0 + tx // (GR * NT // BM) * GR + GR - 1 + offset if masked and causal else T.bool(True)
 
     def kv_limit(q0):  # keys past this are masked for every row of the tile
         return T.min(skv, T.min(q0 + BM, sq) + offset) if causal else skv
@@ -140,17 +190,19 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
     @T.macro
     def load_rows(smem, base, src, b, row0, nrows, head, rows, tx):
-        """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem[base + r * DP:], zero past ``nrows``."""
-        for it in T.unroll(rows * CPR // NT):
+        """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem tile at ``base``, zero past ``nrows``."""
+        for it in T.unroll((rows * CPR + NT - 1) // NT):
             cid = T.meta_var(it * NT + tx)
-            r = T.meta_var(cid // CPR)
-            col = T.meta_var(cid % CPR * 8)
-            T.ptx["cp.async.cg.shared.global"](
-                smem.ptr_to([base + r * DP + col]),
-                src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
-                16,
-                T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
-            )
+            # wgmma layout: 8 neighbouring lanes fill one 128-byte core matrix (8 rows) in one store wavefront
+            r = T.meta_var(cid // (8 * CPR) * 8 + cid % 8 if WG else cid // CPR)
+            col = T.meta_var(cid // 8 % CPR * 8 if WG else cid % CPR * 8)
+            if (it + 1) * NT <= rows * CPR or cid < rows * CPR:  # the last round may be partial
+                T.ptx["cp.async.cg.shared.global"](
+                    smem.ptr_to([at(base, r, col)]),
+                    src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
+                    16,
+                    T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
+                )
 
     @T.macro
     def ldmatrix(trans, frag, frag_off, smem, smem_off):
@@ -165,6 +217,20 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     def load_q(qf, smem, warp, lane, mt, kk):  # A fragment rows (lane % 16), cols kk*16 + (lane / 16) * 8
         ldmatrix(False, qf, q_frag(mt, kk), smem, Q_OFF + (warp * WM + mt * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
 
+    def desc(sbase, off, lbo, sbo):
+        """wgmma shared-memory matrix descriptor (no swizzle) of the tile at element ``off``; strides in bytes."""
+        addr = T.Cast("uint64", ((sbase + T.Cast("uint32", off * 2)) >> T.uint32(4)) & T.uint32(0x3FFF))
+        return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32)
+
+    # A register pin: an empty asm that claims to rewrite the register, so the compiler keeps every use of it after
+    # the wgmma wait that precedes the pin (TVM's wgmma_noop_barrier takes its operand by value, pinning a copy).
+    # Uses hoisted above the wait make ptxas serialise all wgmma of the kernel.
+    pin_src = {t: f'__forceinline__ __device__ void tvmpipe_pin_{t}({t}& r) {{ asm volatile("" : "+{c}"(r) :: "memory"); }}'
+               for t, c in (("float", "f"), ("uint", "r"))}
+
+    wab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    wgmma = f"wgmma.mma_async.sync.aligned.m64n{{}}k16.f32.{wab}.{wab}"
+
     @T.macro
     def attend(smem, q, k, v, bias, out, bx, h, b, tx):
         qf = T.alloc_buffer((QF,), dtype, scope="local")
@@ -172,6 +238,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         vf = T.alloc_buffer((8,), dtype, scope="local")
         sacc = T.alloc_buffer((MT * NS * 4,), f32, scope="local")
         pf = T.alloc_buffer((MT * NS * 4,), dtype, scope="local")
+        pw = T.decl_buffer((MT * NS * 2,), "uint32", data=pf.data, scope="local")  # P's fragments as wgmma's A registers
+        sbase = T.alloc_buffer((1,), "uint32", scope="local")  # the shared buffer's shared-window address
         oacc = T.alloc_buffer((MT * ND * 4,), f32, scope="local")
         # per row held by this thread (m-tile mt, row g + r*8 at index mt*2 + r): running max and sum; the
         # tile's max, sum, rescale factor and exponent base
@@ -188,11 +256,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         q0 = T.meta_var(tile_start(bx))
         hk = T.meta_var(h // G)
         n_kv = T.meta_var((kv_limit(q0) + BN - 1) // BN)
+        if WG:
+            sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
         load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
-        for p in T.unroll(stages - 1):  # prologue: tiles 0 .. stages-2 in flight, one commit group each
+        for p in T.unroll(2 if WG else stages - 1):  # prologue: tiles 0 .. stages-2 (wgmma: 0, 1) in flight, one commit group each
             if p < n_kv:
-                load_rows(smem, K_OFF + p * (BN * DP), k, b, p * BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + p * (BN * DP), v, b, p * BN, skv, hk, BN, tx)
+                load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx)
             T.ptx.cp.async_.commit_group()
         for i in T.unroll(MT * ND * 4):
             oacc[i] = T.float32(0)
@@ -208,6 +278,83 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         def your_turn():  # ping-pong: this group's GEMM is issued, the other group's may start
             if cfg.pingpong:
                 T.ptx["bar.arrive"](T.Cast("uint32", 2 - warp // (cfg.warps // 2)), T.uint32(NT))
+
+        @T.inline
+        def pin(buf, n, ctype):
+            for i in T.unroll(n):
+                T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=pin_src[ctype]))
+
+        @T.inline
+        def qk_wgmma(acc, stage):
+            """Issue S = Q Kᵀ into ``acc`` for the key tile in smem stage ``stage`` (asynchronous: one commit
+            group): one wgmma.m64nBN per 16 columns of d, this warpgroup's 64 query rows against all BN keys,
+            both from shared memory (K-major). The pins keep other uses of the registers out of the wgmma's span."""
+            pin(acc, NS * 4, "float")
+            T.ptx["wgmma.fence.sync.aligned"]()
+            for kk in T.unroll(KS):
+                T.ptx[wgmma.format(BN)](
+                    *[acc[i] for i in range(NS * 4)],
+                    desc(sbase[0], at(Q_OFF, warp // 4 * 64, kk * 16), 128, 16 * D),
+                    desc(sbase[0], at(K_OFF + stage, 0, kk * 16), 128, 16 * D),
+                    kk > 0, 1, 1, 0, 0)
+            T.ptx["wgmma.commit_group.sync.aligned"]()
+            pin(acc, NS * 4, "float")
+
+        @T.inline
+        def pv_wgmma(stage):
+            """Issue O += P V (one commit group): one wgmma.m64nD per 16 keys, P from registers (the S
+            accumulators' layout is wgmma's A fragment layout too), V from shared memory read MN-major
+            (transposed B: LBO steps keys, SBO steps d)."""
+            pin(oacc, ND * 4, "float")
+            pin(pw, NS * 2, "uint")
+            T.ptx["wgmma.fence.sync.aligned"]()
+            for kk in T.unroll(BN // 16):
+                T.ptx[wgmma.format(D)](
+                    *[oacc[i] for i in range(ND * 4)], pw[kk * 4], pw[kk * 4 + 1], pw[kk * 4 + 2], pw[kk * 4 + 3],
+                    desc(sbase[0], at(V_OFF + stage, kk * 16, 0), 16 * D, 128), True, 1, 1, 1)
+            T.ptx["wgmma.commit_group.sync.aligned"]()
+            pin(oacc, ND * 4, "float")
+            pin(pw, NS * 2, "uint")
+
+        @T.inline
+        def scores(j, n_plain):
+            """Softmax of tile j's scores in sacc (masked from tile ``n_plain`` on). (A warpgroup whose rows all
+            end before the tile gets P = 0 from the mask; a branch that set it directly instead cost registers,
+            spills under 3-4 warpgroups, and 3-25 % on causal shapes.)"""
+            if j < n_plain:
+                softmax(sacc, j * BN, False)
+            else:
+                softmax(sacc, j * BN, True)
+
+        @T.inline
+        def tile_wgmma(j, n_plain):
+            """Key tile j on wgmma, FlashAttention-3's in-warpgroup pipeline over a ring of 3 K/V stages. On entry P
+            of tile j is in pf and O holds tiles < j. S of tile j+1 is issued, O rescaled under it, P·V of tile j
+            issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile."""
+            # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1, whose
+            # stage is refilled
+            T.ptx.cp.async_.wait_group(0)
+            T.ptx["fence.proxy.async.shared::cta"]()  # cp.async wrote through the generic proxy, wgmma reads async
+            T.tvm_storage_sync("shared")
+            if j + 2 < n_kv:  # (issued behind the GEMMs instead, the copies delayed the softmax: -5 %)
+                load_rows(smem, K_OFF + (j + 2) % 3 * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + (j + 2) % 3 * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx)
+            T.ptx.cp.async_.commit_group()
+            # The wgmma are issued and waited on every path (after the last tile, S of a stale stage is computed and
+            # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
+            # per path and serialises every wgmma of the kernel if a branch leaves it unsure
+            qk_wgmma(sacc, (j + 1) % 3 * (BN * RS))
+            rescale_o()
+            pv_wgmma(j % 3 * (BN * RS))
+            T.ptx["wgmma.wait_group.sync.aligned"](1)  # groups retire in order: S is in, P·V may run on
+            pin(sacc, NS * 4, "float")
+            if j + 1 < n_kv:
+                scores(j + 1, n_plain)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            pin(oacc, ND * 4, "float")
+            pin(pw, NS * 2, "uint")
+            if j + 1 < n_kv:
+                to_p()
 
         @T.inline
         def qk(stage):
@@ -227,9 +374,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                         mma(qf, q_frag(mt, kk), kf, 4, sacc, (mt * NS + n2 * 2 + 1) * 4)
 
         @T.inline
-        def softmax(k0, masked):
-            """S -> P (in registers, as the A fragments of P V); running max / sum and O rescaled."""
-            # logits: scale, bias, masks (sacc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
+        def softmax(acc, k0, masked):
+            """S (in ``acc``) -> P (in registers, as the A fragments of P V); running max / sum and O rescaled."""
+            # logits: scale, bias, masks (acc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
             if masked:
                 for mt in T.unroll(MT):
                     for n in T.unroll(NS):
@@ -238,13 +385,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                             key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
                             i = T.meta_var((mt * NS + n) * 4 + c)
                             if has_bias:
-                                sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i] * T.float32(spec.scale)
+                                acc[i] = T.if_then_else(spec.visible(row, key), acc[i] * T.float32(spec.scale)
                                                          + spec.bias_at(bias, b, h, row, key), neg_inf)
                             else:
-                                sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i], neg_inf)
+                                acc[i] = T.if_then_else(spec.visible(row, key), acc[i], neg_inf)
             if not (fold or has_bias):
                 for i in T.unroll(MT * NS * 4):
-                    sacc[i] = sacc[i] * T.float32(c2)
+                    acc[i] = acc[i] * T.float32(c2)
             # online softmax per row: max over the tile (4 lanes of a quad share a row), rescale, exponentiate
             for mt in T.unroll(MT):
                 for r in T.unroll(2):
@@ -252,7 +399,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     mx[i] = neg_inf
                     for n in T.unroll(NS):
                         for e in T.unroll(2):
-                            mx[i] = T.max(mx[i], sacc[(mt * NS + n) * 4 + r * 2 + e])
+                            mx[i] = T.max(mx[i], acc[(mt * NS + n) * 4 + r * 2 + e])
                     mx[i] = T.max(mx[i], shfl(mx[i], 1))
                     mx[i] = T.max(mx[i], shfl(mx[i], 2))
                     if fold:
@@ -263,20 +410,35 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     bs[i] = T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i])
                     al[i] = exp_units(m[i], bs[i])
                     if al[i] != T.float32(1):  # the max moved: rescale (skipped once the max settles)
-                        for d in T.unroll(ND):
-                            for e in T.unroll(2):
-                                oacc[(mt * ND + d) * 4 + r * 2 + e] = oacc[(mt * ND + d) * 4 + r * 2 + e] * al[i]
+                        if not WG:  # wgmma: O may be in flight; rescale_o applies al later
+                            for d in T.unroll(ND):
+                                for e in T.unroll(2):
+                                    oacc[(mt * ND + d) * 4 + r * 2 + e] = oacc[(mt * ND + d) * 4 + r * 2 + e] * al[i]
                         lsum[i] = lsum[i] * al[i]
                     m[i] = mx[i]
                     rs[i] = T.float32(0)
                     for n in T.unroll(NS):
                         for e in T.unroll(2):
-                            x = T.meta_var(sacc[(mt * NS + n) * 4 + r * 2 + e])
-                            sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
-                            rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
+                            x = T.meta_var(acc[(mt * NS + n) * 4 + r * 2 + e])
+                            acc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
+                            rs[i] = rs[i] + acc[(mt * NS + n) * 4 + r * 2 + e]
                     lsum[i] = lsum[i] + rs[i]
+            if not WG:  # wgmma: P·V of the previous tile may still read pf; to_p converts later
+                to_p()
+
+        @T.inline
+        def to_p():
             for i in T.unroll(MT * NS * 4):
                 pf[i] = T.Cast(dtype, sacc[i])
+
+        @T.inline
+        def rescale_o():
+            """O *= al per row (wgmma: deferred from the softmax until O's P·V is done)."""
+            for r in T.unroll(2):
+                if al[r] != T.float32(1):
+                    for d in T.unroll(ND):
+                        for e in T.unroll(2):
+                            oacc[d * 4 + r * 2 + e] = oacc[d * 4 + r * 2 + e] * al[r]
 
         @T.inline
         def pv(stage):
@@ -295,13 +457,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         def tile(j, masked):
             """Key tile j: prefetch tile j + stages - 1, wait for tile j, compute (``masked``: scores masked)."""
             k0 = T.meta_var(j * BN)
-            stage = T.meta_var(j % stages * (BN * DP))
+            stage = T.meta_var(j % stages * (BN * RS))
             if j + stages - 1 < n_kv:  # into the stage read in iteration j-1 (all warps past its end barrier)
-                nxt = T.meta_var((j + stages - 1) % stages * (BN * DP))
+                nxt = T.meta_var((j + stages - 1) % stages * (BN * RS))
                 load_rows(smem, K_OFF + nxt, k, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
                 load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
             T.ptx.cp.async_.commit_group()
             T.ptx.cp.async_.wait_group(stages - 1)  # all but the newest stages-1 groups done: tile j is in
+            if WG:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
+                T.ptx["fence.proxy.async.shared::cta"]()
             T.tvm_storage_sync("shared")
             if cfg.q_in_regs:
                 if j == 0:
@@ -309,15 +473,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                         for kk in T.unroll(KS):
                             load_q(qf, smem, warp, lane, mt, kk)
             # a warp whose rows all end before the tile's first key skips it (its scores would all be -inf)
-            live = T.meta_var(k0 <= q0 + warp * WM + WM - 1 + offset if masked and causal else True)
+            sees = T.meta_var(live(q0, tx, k0, masked))
             my_turn()
-            if live:
+            if sees:
                 qk(stage)
             your_turn()
-            if live:
-                softmax(k0, masked)
+            if sees:
+                softmax(sacc, k0, masked)
             my_turn()
-            if live:
+            if sees:
                 pv(stage)
             your_turn()
             T.tvm_storage_sync("shared")
@@ -325,7 +489,19 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         if cfg.pingpong:  # group 0 has the first turn
             if warp >= cfg.warps // 2:
                 T.ptx["bar.arrive"](T.uint32(1), T.uint32(NT))
-        if has_bias:  # every score takes its bias: one loop
+        if WG:  # P of the first tile, then the pipeline
+            T.ptx.cp.async_.wait_group(1)
+            T.ptx["fence.proxy.async.shared::cta"]()
+            T.tvm_storage_sync("shared")
+            qk_wgmma(sacc, 0)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            pin(sacc, NS * 4, "float")
+            softmax(sacc, 0, True)
+            to_p()
+            n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
+            for j in T.serial(n_kv):
+                tile_wgmma(j, n_plain)
+        elif has_bias:  # every score takes its bias: one loop
             for j in T.serial(n_kv):
                 tile(j, True)
         else:  # first the tiles inside the sequence and wholly below the causal diagonal, unmasked; then the rest
@@ -338,6 +514,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             if warp < cfg.warps // 2:
                 T.ptx["bar.sync"](T.uint32(1), T.uint32(NT))
         T.ptx.cp.async_.wait_group(0)
+        if WG:  # the staging below overwrites other warps' Q rows (the padded layout differs from wgmma's)
+            T.tvm_storage_sync("shared")
         # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
         # this warp's own Q rows in shared memory, then 16-byte coalesced stores
         for i in T.unroll(MT * 2):

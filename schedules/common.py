@@ -106,8 +106,8 @@ def any_node(node, kind: type, pred: Callable) -> bool:
 
 
 def sm_version(target: Target) -> int:
-    """The CUDA target's compute capability as a number (``sm_90`` -> 90; 80 if the target names none)."""
-    return int(str(target.attrs.get("arch", "sm_80")).removeprefix("sm_"))
+    """The CUDA target's compute capability as a number (``sm_90`` and ``sm_90a`` -> 90; 80 if the target names none)."""
+    return int(str(target.attrs.get("arch", "sm_80")).removeprefix("sm_").rstrip("af"))
 
 
 def warp_shuffle_xor(value: tirx.PrimExpr, lane_mask) -> tirx.PrimExpr:

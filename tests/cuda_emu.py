@@ -143,6 +143,45 @@ static void emu_mma_tf32(float** d, const unsigned* a, const unsigned* b, const 
     B[q][g] = emu_tf32(r[4]); B[q + 4][g] = emu_tf32(r[5]);
   });
 }
+// wgmma (sm_90a) operands in shared memory, named by a matrix descriptor: start address, leading (LBO, along K)
+// and stride (SBO, along M/N) byte offsets between 8 x 16-byte core matrices, no swizzle. K-major: a core
+// matrix row is 8 k of one m/n; MN-major (transposed): 8 m/n of one k.
+template <typename T> static float emu_desc_elem(uint64_t desc, int mn, int k, bool mn_major) {
+  if (desc >> 62) std::abort();  // swizzled layouts are not emulated
+  unsigned start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+  unsigned off = start + mn / 8 * sbo + k / 8 * lbo + (mn_major ? k % 8 * 16 + mn % 8 * 2 : mn % 8 * 16 + k % 8 * 2);
+  T v; std::memcpy(&v, emu_smem + off, 2); return (float)v;
+}
+// wgmma.mma_async.m64nNk16, f32 accumulator, run to completion at issue: warp w of the warpgroup owns rows
+// 16w..16w+15, laid out per 8 columns as mma.m16n8's C; A from the warp's registers (rs, mma.m16n8k16's A
+// fragment) or from shared memory (ss, K-major).
+template <typename T>
+static void emu_wgmma(float** d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, unsigned scale_d, bool trans_b) {
+  int t = threadIdx.x, lane = t % 32, w0 = t - lane, row0 = t % 128 / 32 * 16;
+  float A[16][16];
+  if (a_regs) {
+    std::memcpy(&emu_slots[t][0], a_regs, 16);
+    warp_sync();
+    for (int l = 0; l < 32; ++l) {
+      const uint32_t* r = emu_slots[w0 + l];
+      int g = l / 4, q = l % 4;
+      for (int k = 0; k < 2; ++k) {
+        A[g][2 * q + k] = emu_elem<T>(r[0], k); A[g + 8][2 * q + k] = emu_elem<T>(r[1], k);
+        A[g][2 * q + 8 + k] = emu_elem<T>(r[2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(r[3], k);
+      }
+    }
+    warp_sync();
+  } else {
+    for (int r = 0; r < 16; ++r) for (int k = 0; k < 16; ++k) A[r][k] = emu_desc_elem<T>(a_desc, row0 + r, k, false);
+  }
+  int g = lane / 4, q = lane % 4;
+  for (int i = 0; i < n / 2; ++i) {
+    int row = g + i % 4 / 2 * 8, col = i / 4 * 8 + 2 * q + i % 2;
+    float acc = scale_d ? *d[i] : 0.f;
+    for (int k = 0; k < 16; ++k) acc += A[row][k] * emu_desc_elem<T>(b_desc, col, k, trans_b);
+    *d[i] = acc;
+  }
+}
 static void emu_cp_async(unsigned dst, const void* src, unsigned bytes, unsigned src_bytes) {
   std::memset(emu_smem + dst, 0, bytes);
   std::memcpy(emu_smem + dst, src, src_bytes);
@@ -238,7 +277,7 @@ def _rewrite_asm(body: str) -> str:
 def _helpers(preamble: str) -> str:
     """Emulations of the ``tvm_builtin_*`` helpers TVM defines around inline PTX."""
     defs = []
-    for name, params in re.findall(r"__device__ [\w ]+? (tvm_builtin_\w+)\(([^)]*)\)", preamble):
+    for name, params in re.findall(r"__device__ [\w ]+? ((?:tvm_builtin|tvmpipe)_\w+)\(([^)]*)\)", preamble):
         if "cp_async" in name and "shared_global" in name:
             nbytes = int(name.rsplit("_", 1)[1])
             src_size = "__src_size" if "src_size" in params else str(nbytes)
@@ -250,6 +289,21 @@ def _helpers(preamble: str) -> str:
             wait = "arrive_and_wait()" if "sync" in name else "arrive()"
             defs.append(f"static inline void {name}(uint32_t a, uint32_t b) {{ if (b != (uint32_t)emu_block_threads) "
                         f"std::abort(); (void)emu_named_barriers[a]->{wait}; }}")
+        elif m := re.fullmatch(r"tvm_builtin_ptx_wgmma_(b?f16)_(ss|rs)_mma_async_sync_aligned_m64n(\d+)k16_f32_\w+?_1_1_(\w+)", name):
+            elem, form, n, trans = m.group(1), m.group(2), int(m.group(3)), m.group(4).split("_")
+            if form == "ss" and trans[0] != "0":
+                raise NotImplementedError(f"no emulation for a transposed A in {name}")
+            ds = ", ".join(f"&__d{i}" for i in range(n // 2))
+            a = ("nullptr, __a_desc" if form == "ss" else "a_, 0")
+            defs.append(f"static inline void {name}({params}) {{ float* d_[] = {{{ds}}}; "
+                        + ("unsigned a_[] = {__a0, __a1, __a2, __a3}; " if form == "rs" else "")
+                        + f"emu_wgmma<{ {'f16': 'half', 'bf16': 'nv_bfloat16'}[elem]}>(d_, {n}, {a}, __b_desc, __scale_d, "
+                        f"{trans[-1] == '1'}); }}".replace("True", "true").replace("False", "false"))
+        elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
+            defs.append(f"static inline void {name}({params}) {{}}")
+        elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|wgmma_commit_group|wgmma_wait_group|fence_proxy)_\w+", name):
+            # wgmma runs to completion when issued here: its fences, groups and waits have nothing to order
+            defs.append(f"static inline void {name}() {{}}")
         elif name == "tvm_builtin_cuda_cvta_generic_to_shared":
             defs.append(f"static inline unsigned {name}(void* p) {{ return __cvta_generic_to_shared(p); }}")
         else:

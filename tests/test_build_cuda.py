@@ -38,10 +38,10 @@ def test_cuda_package_holds_sm90_cubin_and_no_source(cuda_pkg):
     with zipfile.ZipFile(cuda_pkg) as zf:
         lib = zf.read("model.so")
         manifest = json.loads(zf.read("manifest.json"))
-    assert 90 in cuda_elf_archs(lib), "no sm_90 cubin in the package"
+    assert 90 in cuda_elf_archs(lib), "no sm_90a cubin in the package"
     assert b"__global__" not in lib and b"extern \"C\"" not in lib, "CUDA source left in the package"
-    assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
-    assert manifest["target"]["arch"] == "sm_90" and manifest["kernels"]
+    assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
+    assert manifest["target"]["arch"] == "sm_90a" and manifest["kernels"]
     if manifest["gpu_code"]["format"] == "fatbin":
         assert struct.pack("<I", 0xBA55ED50) in lib  # fatbin magic: the PTX rides along for newer GPUs
 
@@ -169,3 +169,18 @@ def test_tuning_measures_exactly_compiled_cuda(monkeypatch, tmp_path):
     # and the builder tuning uses, in its worker processes
     (result,) = tuning_job._builder(info, False, 1).build([ms.builder.BuilderInput(mod, info.target)])
     assert result.error_msg is None and result.artifact_path.endswith(".tar"), result.error_msg
+
+
+@pytest.mark.parametrize("arch, images, have, runs", [
+    ("sm_90a", ["sm_90a cubin", "compute_90a ptx"], 90, True),
+    ("sm_90a", ["sm_90a cubin", "compute_90a ptx"], 100, False),  # wgmma PTX is for sm_90 only
+    ("sm_90a", ["sm_90a cubin"], 80, False),
+    ("sm_80", ["sm_80 cubin", "compute_80 ptx"], 90, True),  # portable PTX runs on later GPUs
+    ("sm_80", ["sm_80 cubin", "compute_80 ptx"], 100, True),  # compared as numbers, not strings
+    ("sm_80", ["sm_80 cubin"], 90, False),
+    ("sm_90", ["sm_90 cubin", "compute_90 ptx"], 80, False),
+])
+def test_gpu_code_runs_where_its_arch_allows(arch, images, have, runs):
+    from compiler.runtime import gpu_code_runs
+
+    assert gpu_code_runs(arch, images, have) is runs

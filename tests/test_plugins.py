@@ -118,7 +118,7 @@ def test_example_builds_for_cuda_with_its_own_schedule(capsys, tmp_path, monkeyp
     r = _compile(capsys, tmp_path, example.MODEL, "--plugin", PLUGIN, "--input-shape", "x:3x5x64", target="cuda-sm90")
     assert r.code == 0, r.err
     m = _manifest(tmp_path / "m.tvmpkg")
-    assert "sm_90 cubin" in m["gpu_code"]["images"] and m["kernels"]["plugin_RMSNorm"] == "hand:PluginSchedule"
+    assert "sm_90a cubin" in m["gpu_code"]["images"] and m["kernels"]["plugin_RMSNorm"] == "hand:PluginSchedule"
     with zipfile.ZipFile(tmp_path / "m.tvmpkg") as zf:
         assert b"plugin_RMSNorm_kernel" in zf.read("model.so")
     (src,) = sources

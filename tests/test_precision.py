@@ -71,4 +71,4 @@ def test_cuda_fp16_graph_recorded_in_manifest(capsys, tmp_path, rng):
         manifest = json.loads(zf.read("manifest.json"))
     assert manifest["options"]["precision"] == "fp16" and manifest["options"]["cuda_graph"] is True
     assert manifest["inputs"] == [{"name": "x", "shape": [2, 3, 9, 9], "dtype": "float32"}]
-    assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
+    assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"

@@ -1,9 +1,9 @@
 """Fused attention (``schedules/attention*.py``) against a float64 reference.
 
 CPU kernels run through the pipeline's own stages (custom legalisation, schedules, build); the CUDA
-kernels (tensor-core and SIMT fallback) are generated for sm_90 and executed on this CPU by
-``cuda_emu`` (one OS thread per CUDA thread, PTX warp collectives emulated), which checks their
-fragment layouts, masks and barriers without a GPU. Shapes are odd on purpose: sequence lengths
+kernels (wgmma on sm_90a, mma.sync on sm_80, SIMT fallback) are generated and executed on this CPU by
+``cuda_emu`` (one OS thread per CUDA thread, PTX warp(group) collectives emulated), which checks their
+fragment and shared-memory layouts, masks and barriers without a GPU. Shapes are odd on purpose: sequence lengths
 that are not multiples of any tile, grouped-query heads, broadcast biases.
 """
 
@@ -167,9 +167,9 @@ def test_sliding_window_is_refused():
         passes.optimize(bb.get(), targets.resolve("cpu"), legalize=schedules.legalizations())
 
 
-def cuda_kernel(mod: tvm.IRModule, scheduled: bool = True) -> tuple[tvm.tirx.PrimFunc, tvm.target.Target]:
-    """The scheduled attention kernel of ``mod`` for sm_90 (the canonical function if not ``scheduled``)."""
-    info = targets.resolve("cuda-sm90")
+def cuda_kernel(mod: tvm.IRModule, scheduled: bool = True, target: str = "cuda-sm90") -> tuple[tvm.tirx.PrimFunc, tvm.target.Target]:
+    """The scheduled attention kernel of ``mod`` for ``target`` (the canonical function if not ``scheduled``)."""
+    info = targets.resolve(target)
     mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations())
     mod, chosen = schedules.apply(mod, info, enabled=scheduled)
     if not scheduled:
@@ -191,10 +191,25 @@ CUDA_CASES = {
 }
 
 
+def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """The wgmma kernel the rule picks for long sequences (4 warpgroups), for a canonical attention function."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import TileConfig, flash_mma
+
+    spec = AttentionSpec.of(canonical)
+    return flash_mma(spec, TileConfig(warps=16, m_tiles=1, bn=64 if spec.head_dim <= 64 else 32, stages=3, wgmma=True))
+
+
+# "rule": the scheduled kernel (mma.sync for these short sequences, or SIMT); "wgmma": the Hopper kernel on the same case
+@pytest.mark.parametrize("kernel", ["rule", "wgmma"])
 @pytest.mark.parametrize("case", CUDA_CASES.values(), ids=CUDA_CASES.keys())
-def test_cuda_kernel_emulated_matches_float64(rng, case):
+def test_cuda_kernel_emulated_matches_float64(rng, case, kernel):
     b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
-    func, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
+    if kernel == "wgmma" and dtype == "float32":
+        pytest.skip("no tensor cores for float32")
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal), scheduled=kernel == "rule")
+    if kernel == "wgmma":
+        func = wgmma_kernel(func)
     arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
     arrays["out"] = np.zeros_like(arrays["q"])
     cuda_emu.run(func, target, arrays)
@@ -206,6 +221,11 @@ TILE_CONFIGS = {
     "8-warps-pingpong-lpt-off": (dict(warps=8, pingpong=True, lpt=False), (1, 200, 200, 2, 1, 128, "float16", (1, 1, 200, 200), "TopLeft")),
     "16-row-warps-2-ctas-q-regs": (dict(warps=8, m_tiles=1, min_blocks=2, q_in_regs=True, bn=128, stages=3),
                                    (2, 77, 150, 2, 2, 64, "bfloat16", None, "BottomRight")),
+    # wgmma: 2 warpgroups, a warpgroup dead on the diagonal tiles; 3 warpgroups whose tile copies leave a partial round
+    "wgmma-2-groups-causal": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True),
+                              (1, 300, 300, 2, 1, 128, "bfloat16", None, "TopLeft")),
+    "wgmma-3-groups-partial-copies": (dict(warps=12, m_tiles=1, bn=64, stages=3, wgmma=True),
+                                      (2, 250, 190, 2, 2, 64, "float16", (2, 1, 1, 190), "BottomRight")),
 }
 
 
@@ -269,14 +289,36 @@ def test_cuda_tensor_core_fully_masked_rows(rng):
     assert_close(arrays["out"], reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"]), "float16")
 
 
-def test_cuda_source_uses_tensor_cores():
-    func, target = cuda_kernel(attention_module(1, 300, 300, 2, 2, 128, "float16", causal="TopLeft"))
+@pytest.mark.parametrize("target, insns", [
+    ("cuda-sm90", ("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+                   "wgmma.wait_group.sync.aligned 1", "fence.proxy.async.shared::cta", "cp.async.cg.shared.global")),
+    ("cuda-sm80", ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "cp.async.wait_group")),
+])
+def test_cuda_source_uses_tensor_cores(target, insns):
+    """A long sequence: Hopper (sm_90a) gets the wgmma kernel (S: m64 x 32 keys, O: m64 x d128), Ampere mma.sync."""
+    func, target = cuda_kernel(attention_module(1, 1100, 1100, 2, 2, 128, "float16"), target=target)
     exe = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}), target=target)
     (cuda,) = exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")
     source = cuda.inspect_source("cuda")
-    for insn in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
-                 "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "cp.async.wait_group"):
+    for insn in insns:
         assert insn in source, insn
+
+
+def test_cuda_rule_picks_wgmma_where_it_won():
+    """wgmma (sm_90a only) for long sequences without a causal mask, or causal with head_dim > 64; else mma.sync."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import choose, kernel
+
+    def spec(seq, d, causal="none"):
+        return AttentionSpec(8, seq, seq, 16, 16, d, d, "float16", d ** -0.5, causal, None, None)
+
+    assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
+    assert choose(spec(2048, 128, "TopLeft"), wgmma=True).wgmma
+    assert not choose(spec(512, 64), wgmma=True).wgmma  # short: 256-row tiles are mostly padding
+    assert not choose(spec(8192, 64, "TopLeft"), wgmma=True).wgmma  # causal d64: mma.sync won
+    sm80, sm90 = targets.resolve("cuda-sm80").target, targets.resolve("cuda-sm90").target
+    assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
 
 def test_cpu_symbolic_batch_and_sequence(rng):
@@ -303,7 +345,7 @@ def test_cuda_package_holds_compiled_kernel(tmp_path):
     mod, _ = schedules.apply(mod, info)
     mod, _, _ = tuning.apply(mod, info)
     manifest = package.save(tmp_path / "attention.tvmpkg", build(mod, info), {})
-    assert manifest["gpu_code"]["images"][0] == "sm_90 cubin"
+    assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
 
 
 def test_cpu_tiles_pad_least():

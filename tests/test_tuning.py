@@ -319,3 +319,15 @@ def test_rpc_tuning_on_localhost(capsys, tmp_path, model):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         tracker_log.close()
+
+
+def test_log_of_the_same_gpu_under_an_arch_specific_target_is_not_warned_about():
+    """sm_90 and sm_90a are one GPU (the suffix unlocks wgmma): a log tuned under one applies to the other
+    silently; another GPU or another setting still gets the warning."""
+    from compiler.tuning import same_gpu
+
+    base = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024}
+    assert same_gpu(base, {**base, "arch": "sm_90a"})
+    assert not same_gpu(base, {**base, "arch": "sm_80"})
+    assert not same_gpu(base, {**base, "arch": "sm_90a", "max_threads_per_block": 512})
+    assert same_gpu({"kind": "llvm", "mcpu": "znver5"}, {"kind": "llvm", "mcpu": "znver5"})
