@@ -140,7 +140,6 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     RS = D if WG else DP  # elements per tile row: wgmma's core-matrix layout needs no padding
     Q_OFF, K_OFF, V_OFF = 0, BM * RS, BM * RS + stages * BN * RS  # in one shared buffer (elements)
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows
-    GR = 64 if WG else WM  # query rows per GEMM issuer (a warpgroup's wgmma.m64, or a warp)
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
@@ -167,11 +166,6 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
     def tile_start(bx):  # causal: the heaviest query tiles first
         return (nq - 1 - bx) * BM if causal else bx * BM
-
-    def live(q0, tx, key0, masked):
-        """Whether the rows of this thread's GEMM issuer (a warp; wgmma: a warpgroup, as the instruction is
-        collective) see a key from ``key0`` on; a causal tile wholly past them is skipped (all scores -inf)."""
-        return key0 <= q0 + tx // (GR * NT // BM) * GR + GR - 1 + offset if masked and causal else T.bool(True)
 
     def kv_limit(q0):  # keys past this are masked for every row of the tile
         return T.min(skv, T.min(q0 + BM, sq) + offset) if causal else skv
@@ -473,15 +467,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                         for kk in T.unroll(KS):
                             load_q(qf, smem, warp, lane, mt, kk)
             # a warp whose rows all end before the tile's first key skips it (its scores would all be -inf)
-            sees = T.meta_var(live(q0, tx, k0, masked))
+            live = T.meta_var(k0 <= q0 + warp * WM + WM - 1 + offset if masked and causal else True)
             my_turn()
-            if sees:
+            if live:
                 qk(stage)
             your_turn()
-            if sees:
+            if live:
                 softmax(sacc, k0, masked)
             my_turn()
-            if sees:
+            if live:
                 pv(stage)
             your_turn()
             T.tvm_storage_sync("shared")
