@@ -62,11 +62,11 @@ class Case:
         rule picks without wgmma (sm_80's choice), and wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
         with other key tiles. The correctness cases check the wgmma kernel too, where the rule picks mma.sync
         for their short sequences."""
-        from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose
+        from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose, wgmma_config
 
         chosen = choose(spec, wgmma=True)
         if not self.bench:
-            wgmma = TileConfig(warps=16, m_tiles=1, bn=64 if self.head_dim <= 64 else 32, stages=3, wgmma=True)
+            wgmma = wgmma_config(self.head_dim)
             tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
             return [wgmma] if tensor_cores and wgmma != chosen else []
         shapes = ((16, 64), (12, 64), (12, 128)) if self.head_dim <= 64 else ((16, 32), (12, 64), (12, 96))

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import package
 from .errors import TvmpipeError
-from .targets import host_cpu_flags
+from .targets import cuda_arch, host_cpu_flags
 from .version import PACKAGE_FORMAT, __version__
 
 
@@ -58,9 +58,8 @@ def load_cuda_runtime() -> None:
 def gpu_code_runs(arch: str, images: list[str], have: int) -> bool:
     """Whether a package's GPU code for ``arch`` (e.g. ``sm_90a``) runs on a GPU of compute capability ``have``
     (e.g. 90): its cubin on that SM; its PTX on later ones too, unless the arch is arch-specific (``a``: wgmma)."""
-    built = arch.removeprefix("sm_")
-    sm = int(built.rstrip("a"))
-    return have == sm or (have > sm and not built.endswith("a") and any("ptx" in i for i in images))
+    sm, suffix = cuda_arch(arch)
+    return have == sm or (have > sm and suffix != "a" and any("ptx" in i for i in images))
 
 
 def _check_compatible(manifest: dict, path: str) -> None:

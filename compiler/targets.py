@@ -51,6 +51,14 @@ class TargetInfo:
         return f"{self.spec.get('mcpu', 'generic')}, {pretty}, {self.cores} cores"
 
 
+def cuda_arch(arch: str) -> tuple[int, str]:
+    """``sm_90a`` -> (90, "a"): the compute capability and the suffix. "a" is arch-specific (wgmma: that GPU only),
+    "f" family-specific; both only unlock instructions on the same silicon."""
+    name = arch.removeprefix("sm_")
+    number = name.rstrip("af")
+    return int(number), name[len(number):]
+
+
 def target_dir() -> Path:
     return Path(str(resources.files("targets")))
 

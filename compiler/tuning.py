@@ -26,7 +26,7 @@ from tvm import tirx
 from . import tuning_log
 from .errors import TvmpipeError
 from .schedules import is_scheduled
-from .targets import TargetInfo
+from .targets import TargetInfo, cuda_arch
 
 # Where compile looks for tuning_logs/<target>/<model key>/: the working directory's, then the repository's.
 LOG_ROOTS = (Path("tuning_logs"), Path(__file__).resolve().parent.parent / "tuning_logs")
@@ -85,7 +85,10 @@ def same_gpu(spec: dict, other: dict) -> bool:
     """Whether two target specs time alike: equal but for an arch-specific suffix (``sm_90`` / ``sm_90a`` are
     one GPU; the suffix only unlocks instructions such as wgmma)."""
     def base(s: dict) -> dict:
-        return {**s, "arch": str(s["arch"]).removesuffix("a")} if "arch" in s else s
+        if "arch" not in s:
+            return s
+        sm, suffix = cuda_arch(str(s["arch"]))
+        return {**s, "arch": f"sm_{sm}"} if suffix == "a" else s
 
     return base(spec) == base(other)
 

@@ -55,6 +55,8 @@ from dataclasses import dataclass
 import tvm
 from tvm.script import tirx as T
 
+from compiler.targets import cuda_arch
+
 from .attention import causal_offset, kernel_signature
 from .common import LOG2E, SMS, sm_version, warp_shuffle_xor
 
@@ -69,7 +71,7 @@ def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.
 
 def has_wgmma(target: tvm.target.Target) -> bool:
     """Whether ``target`` has Hopper's warpgroup MMA (``sm_90a``: wgmma exists only in the arch-specific ISA)."""
-    return sm_version(target) >= 90 and str(target.attrs.get("arch", "")).endswith("a")
+    return sm_version(target) >= 90 and cuda_arch(str(target.attrs["arch"]))[1] == "a"
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -100,6 +102,11 @@ class TileConfig:
                 f"{'g' if self.wgmma else ''}")
 
 
+def wgmma_config(head_dim: int) -> TileConfig:
+    """The wgmma kernel's shape (see ``choose``): 4 warpgroups, 64-key tiles up to head_dim 64, else 32."""
+    return TileConfig(warps=16, m_tiles=1, bn=64 if head_dim <= 64 else 32, stages=3, wgmma=True)
+
+
 def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
@@ -119,7 +126,7 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
 
     big = spec.head_dim > 64
     if wgmma and (at_least(spec.seq_q, 512 if big else 1024) if spec.causal == "none" else big and at_least(spec.seq_q, 2048)):
-        return TileConfig(warps=16, m_tiles=1, bn=64 if spec.head_dim <= 64 else 32, stages=3, wgmma=True)
+        return wgmma_config(spec.head_dim)
     return TileConfig(bn=128 if spec.head_dim <= 64 and spec.causal != "none" else 64)
 
 
@@ -253,7 +260,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         if WG:
             sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
         load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
-        for p in T.unroll(2 if WG else stages - 1):  # prologue: tiles 0 .. stages-2 (wgmma: 0, 1) in flight, one commit group each
+        for p in T.unroll(stages - 1):  # prologue: tiles 0 .. stages-2 in flight, one commit group each
             if p < n_kv:
                 load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx)
                 load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx)
@@ -279,20 +286,20 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=pin_src[ctype]))
 
         @T.inline
-        def qk_wgmma(acc, stage):
-            """Issue S = Q Kᵀ into ``acc`` for the key tile in smem stage ``stage`` (asynchronous: one commit
+        def qk_wgmma(stage):
+            """Issue S = Q Kᵀ into sacc for the key tile in smem stage ``stage`` (asynchronous: one commit
             group): one wgmma.m64nBN per 16 columns of d, this warpgroup's 64 query rows against all BN keys,
             both from shared memory (K-major). The pins keep other uses of the registers out of the wgmma's span."""
-            pin(acc, NS * 4, "float")
+            pin(sacc, NS * 4, "float")
             T.ptx["wgmma.fence.sync.aligned"]()
             for kk in T.unroll(KS):
                 T.ptx[wgmma.format(BN)](
-                    *[acc[i] for i in range(NS * 4)],
+                    *[sacc[i] for i in range(NS * 4)],
                     desc(sbase[0], at(Q_OFF, warp // 4 * 64, kk * 16), 128, 16 * D),
                     desc(sbase[0], at(K_OFF + stage, 0, kk * 16), 128, 16 * D),
                     kk > 0, 1, 1, 0, 0)
             T.ptx["wgmma.commit_group.sync.aligned"]()
-            pin(acc, NS * 4, "float")
+            pin(sacc, NS * 4, "float")
 
         @T.inline
         def pv_wgmma(stage):
@@ -311,14 +318,21 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             pin(pw, NS * 2, "uint")
 
         @T.inline
+        def arrived(pending):
+            """All but the newest ``pending`` copy groups are in shared memory, for wgmma too, for every thread."""
+            T.ptx.cp.async_.wait_group(pending)
+            T.ptx["fence.proxy.async.shared::cta"]()  # cp.async wrote through the generic proxy, wgmma reads async
+            T.tvm_storage_sync("shared")
+
+        @T.inline
         def scores(j, n_plain):
             """Softmax of tile j's scores in sacc (masked from tile ``n_plain`` on). (A warpgroup whose rows all
             end before the tile gets P = 0 from the mask; a branch that set it directly instead cost registers,
             spills under 3-4 warpgroups, and 3-25 % on causal shapes.)"""
             if j < n_plain:
-                softmax(sacc, j * BN, False)
+                softmax(j * BN, False)
             else:
-                softmax(sacc, j * BN, True)
+                softmax(j * BN, True)
 
         @T.inline
         def tile_wgmma(j, n_plain):
@@ -327,19 +341,17 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile."""
             # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1, whose
             # stage is refilled
-            T.ptx.cp.async_.wait_group(0)
-            T.ptx["fence.proxy.async.shared::cta"]()  # cp.async wrote through the generic proxy, wgmma reads async
-            T.tvm_storage_sync("shared")
+            arrived(0)
             if j + 2 < n_kv:  # (issued behind the GEMMs instead, the copies delayed the softmax: -5 %)
-                load_rows(smem, K_OFF + (j + 2) % 3 * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + (j + 2) % 3 * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx)
+                load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx)
+                load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx)
             T.ptx.cp.async_.commit_group()
             # The wgmma are issued and waited on every path (after the last tile, S of a stale stage is computed and
             # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
             # per path and serialises every wgmma of the kernel if a branch leaves it unsure
-            qk_wgmma(sacc, (j + 1) % 3 * (BN * RS))
+            qk_wgmma((j + 1) % stages * (BN * RS))
             rescale_o()
-            pv_wgmma(j % 3 * (BN * RS))
+            pv_wgmma(j % stages * (BN * RS))
             T.ptx["wgmma.wait_group.sync.aligned"](1)  # groups retire in order: S is in, P·V may run on
             pin(sacc, NS * 4, "float")
             if j + 1 < n_kv:
@@ -368,9 +380,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                         mma(qf, q_frag(mt, kk), kf, 4, sacc, (mt * NS + n2 * 2 + 1) * 4)
 
         @T.inline
-        def softmax(acc, k0, masked):
-            """S (in ``acc``) -> P (in registers, as the A fragments of P V); running max / sum and O rescaled."""
-            # logits: scale, bias, masks (acc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
+        def softmax(k0, masked):
+            """S -> P (in registers, as the A fragments of P V); running max / sum and O rescaled."""
+            # logits: scale, bias, masks (sacc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
             if masked:
                 for mt in T.unroll(MT):
                     for n in T.unroll(NS):
@@ -379,13 +391,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                             key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
                             i = T.meta_var((mt * NS + n) * 4 + c)
                             if has_bias:
-                                acc[i] = T.if_then_else(spec.visible(row, key), acc[i] * T.float32(spec.scale)
-                                                         + spec.bias_at(bias, b, h, row, key), neg_inf)
+                                sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i] * T.float32(spec.scale)
+                                                          + spec.bias_at(bias, b, h, row, key), neg_inf)
                             else:
-                                acc[i] = T.if_then_else(spec.visible(row, key), acc[i], neg_inf)
+                                sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i], neg_inf)
             if not (fold or has_bias):
                 for i in T.unroll(MT * NS * 4):
-                    acc[i] = acc[i] * T.float32(c2)
+                    sacc[i] = sacc[i] * T.float32(c2)
             # online softmax per row: max over the tile (4 lanes of a quad share a row), rescale, exponentiate
             for mt in T.unroll(MT):
                 for r in T.unroll(2):
@@ -393,7 +405,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     mx[i] = neg_inf
                     for n in T.unroll(NS):
                         for e in T.unroll(2):
-                            mx[i] = T.max(mx[i], acc[(mt * NS + n) * 4 + r * 2 + e])
+                            mx[i] = T.max(mx[i], sacc[(mt * NS + n) * 4 + r * 2 + e])
                     mx[i] = T.max(mx[i], shfl(mx[i], 1))
                     mx[i] = T.max(mx[i], shfl(mx[i], 2))
                     if fold:
@@ -405,17 +417,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     al[i] = exp_units(m[i], bs[i])
                     if al[i] != T.float32(1):  # the max moved: rescale (skipped once the max settles)
                         if not WG:  # wgmma: O may be in flight; rescale_o applies al later
-                            for d in T.unroll(ND):
-                                for e in T.unroll(2):
-                                    oacc[(mt * ND + d) * 4 + r * 2 + e] = oacc[(mt * ND + d) * 4 + r * 2 + e] * al[i]
+                            rescale_row(mt, r)
                         lsum[i] = lsum[i] * al[i]
                     m[i] = mx[i]
                     rs[i] = T.float32(0)
                     for n in T.unroll(NS):
                         for e in T.unroll(2):
-                            x = T.meta_var(acc[(mt * NS + n) * 4 + r * 2 + e])
-                            acc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
-                            rs[i] = rs[i] + acc[(mt * NS + n) * 4 + r * 2 + e]
+                            x = T.meta_var(sacc[(mt * NS + n) * 4 + r * 2 + e])
+                            sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
+                            rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
                     lsum[i] = lsum[i] + rs[i]
             if not WG:  # wgmma: P·V of the previous tile may still read pf; to_p converts later
                 to_p()
@@ -426,13 +436,18 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 pf[i] = T.Cast(dtype, sacc[i])
 
         @T.inline
+        def rescale_row(mt, r):
+            """O *= al for this thread's row r of m-tile mt."""
+            for d in T.unroll(ND):
+                for e in T.unroll(2):
+                    oacc[(mt * ND + d) * 4 + r * 2 + e] = oacc[(mt * ND + d) * 4 + r * 2 + e] * al[mt * 2 + r]
+
+        @T.inline
         def rescale_o():
-            """O *= al per row (wgmma: deferred from the softmax until O's P·V is done)."""
+            """O *= al per row (wgmma, one m-tile: deferred from the softmax until O's P·V is done)."""
             for r in T.unroll(2):
                 if al[r] != T.float32(1):
-                    for d in T.unroll(ND):
-                        for e in T.unroll(2):
-                            oacc[d * 4 + r * 2 + e] = oacc[d * 4 + r * 2 + e] * al[r]
+                    rescale_row(0, r)
 
         @T.inline
         def pv(stage):
@@ -458,8 +473,6 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
             T.ptx.cp.async_.commit_group()
             T.ptx.cp.async_.wait_group(stages - 1)  # all but the newest stages-1 groups done: tile j is in
-            if WG:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
-                T.ptx["fence.proxy.async.shared::cta"]()
             T.tvm_storage_sync("shared")
             if cfg.q_in_regs:
                 if j == 0:
@@ -473,7 +486,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 qk(stage)
             your_turn()
             if live:
-                softmax(sacc, k0, masked)
+                softmax(k0, masked)
             my_turn()
             if live:
                 pv(stage)
@@ -484,13 +497,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             if warp >= cfg.warps // 2:
                 T.ptx["bar.arrive"](T.uint32(1), T.uint32(NT))
         if WG:  # P of the first tile, then the pipeline
-            T.ptx.cp.async_.wait_group(1)
-            T.ptx["fence.proxy.async.shared::cta"]()
-            T.tvm_storage_sync("shared")
-            qk_wgmma(sacc, 0)
+            arrived(1)
+            qk_wgmma(0)
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(sacc, NS * 4, "float")
-            softmax(sacc, 0, True)
+            softmax(0, True)
             to_p()
             n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
             for j in T.serial(n_kv):

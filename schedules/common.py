@@ -11,6 +11,8 @@ from tvm import relax, te, tirx, topi
 from tvm.target import Target, codegen
 from tvm.tirx.op import tvm_warp_shuffle_xor
 
+from compiler.targets import cuda_arch
+
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * LOG2E): the CUDA kernels' exp2 and the CPU's vexp
 ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
 # Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100). The GPU kernels' launch choices
@@ -107,7 +109,7 @@ def any_node(node, kind: type, pred: Callable) -> bool:
 
 def sm_version(target: Target) -> int:
     """The CUDA target's compute capability as a number (``sm_90`` and ``sm_90a`` -> 90; 80 if the target names none)."""
-    return int(str(target.attrs.get("arch", "sm_80")).removeprefix("sm_").rstrip("af"))
+    return cuda_arch(str(target.attrs.get("arch", "sm_80")))[0]
 
 
 def warp_shuffle_xor(value: tirx.PrimExpr, lane_mask) -> tirx.PrimExpr:

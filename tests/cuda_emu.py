@@ -124,12 +124,17 @@ static void emu_mma_warp(float** d, const unsigned* a, const unsigned* b, const 
   }
 }
 // mma.m16n8k16.row.col, fp32 accumulate: A regs hold rows (g, g+8, g, g+8) x cols (2t, 2t, 2t+8, 2t+8)
-// (+0, +1); B regs hold k (2t, 2t+8) (+0, +1) of column g.
+// (+0, +1); B regs hold k (2t, 2t+8) (+0, +1) of column g. (wgmma's A registers are laid out alike.)
+template <typename T> static void emu_fill_a16(const uint32_t* r, int g, int q, float (*A)[16]) {
+  for (int k = 0; k < 2; ++k) {
+    A[g][2 * q + k] = emu_elem<T>(r[0], k); A[g + 8][2 * q + k] = emu_elem<T>(r[1], k);
+    A[g][2 * q + 8 + k] = emu_elem<T>(r[2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(r[3], k);
+  }
+}
 template <typename T> static void emu_mma(float** d, const unsigned* a, const unsigned* b, const float* c) {
   emu_mma_warp<16>(d, a, b, c, [](const uint32_t* r, int g, int q, float (*A)[16], float (*B)[8]) {
+    emu_fill_a16<T>(r, g, q, A);
     for (int k = 0; k < 2; ++k) {
-      A[g][2 * q + k] = emu_elem<T>(r[0], k); A[g + 8][2 * q + k] = emu_elem<T>(r[1], k);
-      A[g][2 * q + 8 + k] = emu_elem<T>(r[2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(r[3], k);
       B[2 * q + k][g] = emu_elem<T>(r[4], k); B[2 * q + 8 + k][g] = emu_elem<T>(r[5], k);
     }
   });
@@ -162,14 +167,7 @@ static void emu_wgmma(float** d, int n, const unsigned* a_regs, uint64_t a_desc,
   if (a_regs) {
     std::memcpy(&emu_slots[t][0], a_regs, 16);
     warp_sync();
-    for (int l = 0; l < 32; ++l) {
-      const uint32_t* r = emu_slots[w0 + l];
-      int g = l / 4, q = l % 4;
-      for (int k = 0; k < 2; ++k) {
-        A[g][2 * q + k] = emu_elem<T>(r[0], k); A[g + 8][2 * q + k] = emu_elem<T>(r[1], k);
-        A[g][2 * q + 8 + k] = emu_elem<T>(r[2], k); A[g + 8][2 * q + 8 + k] = emu_elem<T>(r[3], k);
-      }
-    }
+    for (int l = 0; l < 32; ++l) emu_fill_a16<T>(emu_slots[w0 + l], l / 4, l % 4, A);
     warp_sync();
   } else {
     for (int r = 0; r < 16; ++r) for (int k = 0; k < 16; ++k) A[r][k] = emu_desc_elem<T>(a_desc, row0 + r, k, false);
@@ -211,6 +209,9 @@ extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, lon
   }
 }
 """
+
+
+_ELEM_TYPES = {"f16": "half", "bf16": "nv_bfloat16"}  # PTX operand types -> the emulation's C++ types
 
 
 def _balanced(src: str, start: int, pair: str = "()") -> int:
@@ -262,7 +263,7 @@ def _rewrite_asm(body: str) -> str:
             call = f"{{ unsigned* r_[] = {{{regs}}}; emu_ldmatrix({str('.trans' in insn).lower()}, {num}, {ins[0]}, r_); }}"
         elif insn.startswith(("mma.sync.aligned.m16n8k16.row.col.f32.", "mma.sync.aligned.m16n8k8.row.col.f32.tf32")):
             elem = insn.split(".")[7]
-            fn = "emu_mma_tf32" if elem == "tf32" else "emu_mma<%s>" % {"f16": "half", "bf16": "nv_bfloat16"}[elem]
+            fn = "emu_mma_tf32" if elem == "tf32" else f"emu_mma<{_ELEM_TYPES[elem]}>"
             ds = ", ".join(f"(float*)&({o})" for o in outs)
             call = (f"{{ float* d_[] = {{{ds}}}; unsigned a_[] = {{{', '.join(ins[:4])}}}; "
                     f"unsigned b_[] = {{{', '.join(ins[4:6])}}}; float c_[] = {{{', '.join(ins[6:10])}}}; "
@@ -297,8 +298,8 @@ def _helpers(preamble: str) -> str:
             a = ("nullptr, __a_desc" if form == "ss" else "a_, 0")
             defs.append(f"static inline void {name}({params}) {{ float* d_[] = {{{ds}}}; "
                         + ("unsigned a_[] = {__a0, __a1, __a2, __a3}; " if form == "rs" else "")
-                        + f"emu_wgmma<{ {'f16': 'half', 'bf16': 'nv_bfloat16'}[elem]}>(d_, {n}, {a}, __b_desc, __scale_d, "
-                        f"{trans[-1] == '1'}); }}".replace("True", "true").replace("False", "false"))
+                        + f"emu_wgmma<{_ELEM_TYPES[elem]}>(d_, {n}, {a}, __b_desc, __scale_d, "
+                        f"{str(trans[-1] == '1').lower()}); }}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|wgmma_commit_group|wgmma_wait_group|fence_proxy)_\w+", name):

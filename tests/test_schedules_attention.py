@@ -194,10 +194,10 @@ CUDA_CASES = {
 def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """The wgmma kernel the rule picks for long sequences (4 warpgroups), for a canonical attention function."""
     from schedules.attention import AttentionSpec
-    from schedules.attention_cuda import TileConfig, flash_mma
+    from schedules.attention_cuda import flash_mma, wgmma_config
 
     spec = AttentionSpec.of(canonical)
-    return flash_mma(spec, TileConfig(warps=16, m_tiles=1, bn=64 if spec.head_dim <= 64 else 32, stages=3, wgmma=True))
+    return flash_mma(spec, wgmma_config(spec.head_dim))
 
 
 # "rule": the scheduled kernel (mma.sync for these short sequences, or SIMT); "wgmma": the Hopper kernel on the
