@@ -22,7 +22,8 @@ Tensor-core kernel (fp16 / bf16, head_dim == head_dim_v in {32, 64, 96, 128}):
 * causal: key tiles beyond the diagonal are never loaded; the tiles every row sees whole run in a loop
   without mask code, those crossing the diagonal (and the ragged tail) in a second, masked loop, where
   a warp whose rows all end before the tile's first key skips it; the query tiles of all heads are
-  launched heaviest first (largest-processing-time order: no long tile starts in the last wave);
+  launched heaviest first (largest-processing-time order: no long tile starts in the last wave), or of
+  sections of heads whose K/V fit L2 together (``lpt_section``);
   bias / key padding masks are added per score; grouped-query heads read their shared K/V head; rows
   or keys past the sequence end are zero-filled by ``cp.async`` (src-size 0) and masked, so any
   length works;
@@ -50,7 +51,7 @@ in register order, exactly the A fragment of P for k-step kk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm.script import tirx as T
@@ -92,6 +93,7 @@ class TileConfig:
     q_in_regs: bool = False  # Q fragments in registers for the whole kernel (one ldmatrix per use otherwise)
     min_blocks: int = 0  # CTAs that must fit on one SM (caps registers per thread; 0: no cap)
     lpt: bool = True  # causal: launch the longest query tiles of all heads first (largest-processing-time order)
+    lpt_heads: int = 0  # causal: LPT within sections of this many (batch, head) pairs, one after the other (0: one)
     pingpong: bool = False  # two warp groups take turns on the tensor cores: one's GEMM overlaps the other's softmax
     wgmma: bool = False  # Hopper (sm_90a): each group of 4 warps runs both GEMMs as one wgmma.m64 (needs m_tiles=1)
 
@@ -99,7 +101,7 @@ class TileConfig:
     def name(self) -> str:
         return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
                 f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
-                f"{'g' if self.wgmma else ''}")
+                f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}")
 
 
 def wgmma_config(head_dim: int) -> TileConfig:
@@ -107,15 +109,33 @@ def wgmma_config(head_dim: int) -> TileConfig:
     return TileConfig(warps=16, m_tiles=1, bn=64 if head_dim <= 64 else 32, stages=3, wgmma=True)
 
 
+# K/V bytes the heads of one LPT section may share in L2 (FlashAttention-3's figure for the H100's 50 MB)
+L2_KV_BYTES = 32 << 20
+
+
+def lpt_section(spec) -> int:
+    """(batch, head) pairs per section of the causal launch order (``TileConfig.lpt_heads``; 0: one section).
+
+    Heaviest-first over all heads starts only a CTA or two of each head together: every CTA then streams its
+    head's K/V from memory alone. In sections whose K/V fit L2 (a power of two of pairs, times the query heads
+    per K/V head, as FA3's scheduler), a head's tiles run side by side and share their K/V reads. (H200, wgmma,
+    causal, against one section in the same run: d64 +16-17 % at seq 2048 and 8192, d128 +3-6 %. The mma.sync
+    kernel, with more CTAs per SM, gained nothing in a sweep of section sizes.)
+    """
+    if not isinstance(spec.seq_kv, int):
+        return 0
+    fit = L2_KV_BYTES // (spec.seq_kv * (spec.head_dim + spec.head_dim_v) * 2)
+    return (1 << fit.bit_length() - 1 if fit else 1) * spec.group
+
+
 def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
     wgmma (sm_90a) where it won: no causal mask and at least 1024 query rows (512 for head_dim > 64; or a symbolic
-    count), or a causal mask with head_dim > 64 and at least 2048 rows. 4 warpgroups (256 query rows) per CTA: their GEMMs cover
-    each other's waits at the per-tile barrier (3 warpgroups: -3-15 %, 2: -15-30 %); 64-key tiles for
-    head_dim <= 64, 32 for larger heads, which keeps 4 warpgroups within 128 registers per thread. Shorter
-    sequences lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU), and so do causal
-    d64 heads (the diagonal tiles, whose wgmma run for all 4 warpgroups, weigh more).
+    count), or a causal mask and at least 2048 rows, launched in L2 sections (``lpt_section``). 4 warpgroups (256
+    query rows) per CTA: their GEMMs cover each other's waits at the per-tile barrier (3 warpgroups: -3-15 %, 2:
+    -15-30 %); 64-key tiles for head_dim <= 64, 32 for larger heads, which keeps 4 warpgroups within 128 registers
+    per thread. Shorter sequences lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU).
     mma.sync: head_dim <= 64 with a causal mask: 128-key tiles (one tile holds a 128-row query tile's diagonal;
     the 64-key tiles lost 6-14 % there). Otherwise 64-key tiles: for d64 without mask they need 168 registers,
     so 3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the
@@ -124,10 +144,10 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
     def at_least(n, rows):
         return not isinstance(n, int) or n >= rows
 
-    big = spec.head_dim > 64
-    if wgmma and (at_least(spec.seq_q, 512 if big else 1024) if spec.causal == "none" else big and at_least(spec.seq_q, 2048)):
-        return wgmma_config(spec.head_dim)
-    return TileConfig(bn=128 if spec.head_dim <= 64 and spec.causal != "none" else 64)
+    causal = spec.causal != "none"
+    if wgmma and at_least(spec.seq_q, 2048 if causal else 512 if spec.head_dim > 64 else 1024):
+        return replace(wgmma_config(spec.head_dim), lpt_heads=lpt_section(spec) if causal else 0)
+    return TileConfig(bn=128 if spec.head_dim <= 64 and causal else 64)
 
 
 def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
@@ -138,6 +158,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     offset = causal_offset(sq, skv, spec.causal)
     lpt = causal and cfg.lpt
+    HG = cfg.lpt_heads
+    grouped = lpt and HG > 0
     MT, stages = cfg.m_tiles, cfg.stages
     WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
     BM, BN = WM * cfg.warps, cfg.bn
@@ -567,7 +589,14 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
     @T.macro
     def body(q, k, v, bias, out):
-        if lpt:  # query tiles slowest: the whole grid runs heaviest tiles first (blocks start in index order)
+        if grouped:  # LPT within sections of HG (batch, head) pairs, section after section (FA3's tile scheduler)
+            pairs = T.meta_var(batch * H)
+            for blk in T.thread_binding(nq * pairs, thread="blockIdx.x"):
+                sec = T.meta_var(blk // (HG * nq))
+                width = T.meta_var(T.if_then_else(sec < pairs // HG, HG, pairs % HG))  # the last may be narrower
+                pair = T.meta_var(sec * HG + blk % (HG * nq) % width)
+                cta(q, k, v, bias, out, blk % (HG * nq) // width, pair % H, pair // H)
+        elif lpt:  # query tiles slowest: the whole grid runs heaviest tiles first (blocks start in index order)
             for h in T.thread_binding(H, thread="blockIdx.x"):
                 for b in T.thread_binding(batch, thread="blockIdx.y"):
                     for bx in T.thread_binding(nq, thread="blockIdx.z"):

@@ -228,6 +228,9 @@ TILE_CONFIGS = {
                               (1, 300, 300, 2, 1, 128, "bfloat16", None, "TopLeft")),
     "wgmma-3-groups-partial-copies": (dict(warps=12, m_tiles=1, bn=64, stages=3, wgmma=True),
                                       (2, 250, 190, 2, 2, 64, "float16", (2, 1, 1, 190), "BottomRight")),
+    # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
+    "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
+                                (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
 }
 
 
@@ -308,17 +311,21 @@ def test_cuda_source_uses_tensor_cores(target, insns):
 
 
 def test_cuda_rule_picks_wgmma_where_it_won():
-    """wgmma (sm_90a only) for long sequences without a causal mask, or causal with head_dim > 64; else mma.sync."""
+    """wgmma (sm_90a only) for long sequences (causal: from 2048 rows, launched in L2 sections); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
-    def spec(seq, d, causal="none"):
-        return AttentionSpec(8, seq, seq, 16, 16, d, d, "float16", d ** -0.5, causal, None, None)
+    def spec(seq, d, causal="none", kv_heads=16):
+        return AttentionSpec(8, seq, seq, 16, kv_heads, d, d, "float16", d ** -0.5, causal, None, None)
 
     assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
-    assert choose(spec(2048, 128, "TopLeft"), wgmma=True).wgmma
-    assert not choose(spec(512, 64), wgmma=True).wgmma  # short: 256-row tiles are mostly padding
-    assert not choose(spec(8192, 64, "TopLeft"), wgmma=True).wgmma  # causal d64: mma.sync won
+    assert not choose(spec(1024, 64, "TopLeft"), wgmma=True).wgmma and not choose(spec(512, 64), wgmma=True).wgmma
+    # sections: pairs whose K/V (seq x 2d x 2 bytes each) fit 32 MB, rounded down to a power of two, x query heads per K/V head
+    sections = {(8192, 64, 16): 16, (2048, 64, 16): 64, (8192, 128, 16): 8, (6000, 128, 4): 4 * 8, (70000, 128, 16): 1}
+    for (seq, d, kv_heads), pairs in sections.items():
+        cfg = choose(spec(seq, d, "TopLeft", kv_heads), wgmma=True)
+        assert cfg.wgmma and cfg.lpt_heads == pairs, (seq, d, kv_heads, cfg)
+    assert choose(spec(tvm.tirx.Var("s", "int64"), 64, "TopLeft"), wgmma=True).lpt_heads == 0  # unknown K/V size
     sm80, sm90 = targets.resolve("cuda-sm80").target, targets.resolve("cuda-sm90").target
     assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
