@@ -12,8 +12,8 @@ configurations of the tensor-core kernel (records with a "variant"), so one GPU 
 configuration the rule should pick. ``--run`` loads it with the TVM runtime alone. Benchmarks: batch x seq = 16384 tokens, hidden 2048
 (heads = 2048 / d), fp16, d in {64, 128}, seq in {512, 2048, 8192}, causal or not; TFLOP/s counts
 4·b·h·s²·d, halved for causal. Each kernel of a case is checked first; then all of them and torch's backends
-are timed in ``ROUNDS`` interleaved rounds (the best kept, each round's in ``ms_rounds``), so that no kernel is
-timed alone right after the float64 references. One failure is recorded, the rest go on.
+are timed in ``ROUNDS`` rotated, interleaved rounds (the median kept, each round's in ``ms_rounds``), so that no
+kernel is always timed first. One failure is recorded, the rest go on.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,10 +33,11 @@ BUILD = REPO / "build" / "gpu" / "attention"
 LIB = BUILD / "attention.so"
 TOKENS, HIDDEN = 16384, 2048
 TOL = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-4}
-# Timing rounds, interleaved over a case's kernels and torch's backends. Each timing follows as many untimed runs
-# of the same kernel: the H200's clocks fall under sustained tensor-core load, and without that warm-up the first
-# kernel timed after a pause ran up to 25 % faster than in the next round.
-ROUNDS = 3
+# Timing rounds, interleaved over a case's kernels and torch's backends, each round starting one kernel later; a
+# record's ms is its median round. Each timing follows as many untimed runs of the same kernel. The H200's clocks
+# fall under sustained tensor-core load: the first kernel timed after a pause ran up to 26 % faster than in the
+# next round without that warm-up, and still up to 10 % with it, so a fixed order with the best round favoured it.
+ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,9 @@ class Case:
 
     def variants(self, spec) -> list:
         """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the
-        rule picks without wgmma (sm_80's choice), and wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
-        with other key tiles. The correctness cases check the wgmma kernel too, where the rule picks mma.sync
-        for their short sequences."""
+        rule picks without wgmma (sm_80's choice), wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
+        with other key tiles, and the rule's kernel on CUDA's exp2f (``e``). The correctness cases check the wgmma
+        kernel too, where the rule picks mma.sync for their short sequences."""
         from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose, wgmma_config
 
         chosen = choose(spec, wgmma=True)
@@ -76,7 +78,8 @@ class Case:
             tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
             return [wgmma] if tensor_cores and wgmma != chosen else []
         shapes = ((16, 64), (12, 64), (12, 128)) if self.head_dim <= 64 else ((16, 32), (12, 64), (12, 96))
-        other = [choose(spec)] + [TileConfig(warps=w, m_tiles=1, bn=n, stages=3, wgmma=True) for w, n in shapes]
+        other = [choose(spec), replace(chosen, ftz_exp=False)]
+        other += [TileConfig(warps=w, m_tiles=1, bn=n, stages=3, wgmma=True) for w, n in shapes]
         return [c for c in other if c != chosen]
 
 
@@ -250,17 +253,18 @@ def run(out: Path) -> None:
                     timers[len(records) - 1] = lambda f=sdpa: cuda_ms(f, reps)
                 except Exception as err:
                     records.append({**base, "impl": impl, "error": f"{type(err).__name__}: {err}"})
-        # timed after every check, in interleaved rounds, each after a warm-up as long: the best of ROUNDS
-        for _ in range(ROUNDS):
-            for i, timer in timers.items():
+        # timed after every check, in rotated interleaved rounds (see ROUNDS)
+        order = list(timers)
+        for r in range(ROUNDS if order else 0):
+            for i in order[r % len(order):] + order[:r % len(order)]:
                 try:
-                    ms = timer()
+                    records[i].setdefault("ms_rounds", []).append(timers[i]())
                 except Exception as err:
                     records[i]["error"] = f"{type(err).__name__}: {err}"
-                    continue
-                records[i].setdefault("ms_rounds", []).append(ms)
-                if ms < records[i].get("ms", math.inf):
-                    records[i].update(ms=ms, tflops=case.flops / ms / 1e9)
+        for i in timers:
+            if records[i].get("ms_rounds"):
+                ms = statistics.median(records[i]["ms_rounds"])
+                records[i].update(ms=ms, tflops=case.flops / ms / 1e9)
         for rec in records[first:]:
             print(json.dumps(rec), flush=True)
         t = q = k = v = o = args = timers = None

@@ -300,6 +300,8 @@ def _helpers(preamble: str) -> str:
                         + ("unsigned a_[] = {__a0, __a1, __a2, __a3}; " if form == "rs" else "")
                         + f"emu_wgmma<{_ELEM_TYPES[elem]}>(d_, {n}, {a}, __b_desc, __scale_d, "
                         f"{str(trans[-1] == '1').lower()}); }}")
+        elif name == "tvmpipe_ex2":  # ex2.approx.ftz.f32: results below 2^-126 flush to 0
+            defs.append("static inline float tvmpipe_ex2(float x) { float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|wgmma_commit_group|wgmma_wait_group|fence_proxy)_\w+", name):
