@@ -68,8 +68,9 @@ class Case:
     def variants(self, spec) -> list:
         """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the
         rule picks without wgmma (sm_80's choice), wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
-        with other key tiles, and the rule's kernel on CUDA's exp2f (``e``). The correctness cases check the wgmma
-        kernel too, where the rule picks mma.sync for their short sequences."""
+        with other key tiles, and the rule's kernel on CUDA's exp2f (``e``) and, causal on wgmma, with per-warpgroup
+        diagonals (``d``) switched. The correctness cases check the wgmma kernel too, where the rule picks mma.sync
+        for their short sequences."""
         from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose, wgmma_config
 
         chosen = choose(spec, wgmma=True)
@@ -79,6 +80,8 @@ class Case:
             return [wgmma] if tensor_cores and wgmma != chosen else []
         shapes = ((16, 64), (12, 64), (12, 128)) if self.head_dim <= 64 else ((16, 32), (12, 64), (12, 96))
         other = [choose(spec), replace(chosen, ftz_exp=False)]
+        if chosen.wgmma and self.causal:
+            other.append(replace(chosen, group_diag=not chosen.group_diag))
         other += [TileConfig(warps=w, m_tiles=1, bn=n, stages=3, wgmma=True) for w, n in shapes]
         return [c for c in other if c != chosen]
 

@@ -41,7 +41,10 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
 * FlashAttention-3's in-warpgroup pipeline over a ring of 3 K/V stages: S of tile j+1 is issued, O rescaled
   under it, P·V of tile j issued; tile j+1's softmax runs while P·V is on the tensor cores;
 * every wgmma is issued and waited on every path (ptxas serialises all of them otherwise), and empty-asm
-  register pins keep the compiler from moving register uses across the waits.
+  register pins keep the compiler from moving register uses across the waits;
+* causal (``group_diag``): each warpgroup stops at its own rows' diagonal; the per-tile barrier is then a named
+  barrier over the warpgroups still at that tile (and those that stopped at it), and the last warpgroup copies
+  every K/V tile.
 
 Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4): A regs a0..a3 hold rows
 (g, g+8, g, g+8) x cols (2t, 2t, 2t+8, 2t+8); B regs b0, b1 hold k rows 2t, 2t+8 of column g;
@@ -66,7 +69,8 @@ TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 # exp2 as the bare ex2.approx.ftz.f32: CUDA's exp2f (the same instruction) adds a compare and two multiplies per call
 # to return results below 2^-126 unflushed; here they are probabilities beside a row sum >= 1, or rescale factors of
 # sums that small. (SASS, the d64 wgmma kernel's loop: 449 -> 347 instructions; H200, against exp2f in one run:
-# +2-5 % on 9 of the 12 benchmark shapes, level on one; exp2f's accuracy otherwise.)
+# +2-10 % on 6 of the 12 benchmark shapes, level on 4, -5-10 % for d128 at seq 512 in two runs; exp2f's accuracy
+# otherwise.)
 EX2_SRC = '__forceinline__ __device__ float tvmpipe_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }'
 
 
@@ -107,12 +111,14 @@ class TileConfig:
     pingpong: bool = False  # two warp groups take turns on the tensor cores: one's GEMM overlaps the other's softmax
     wgmma: bool = False  # Hopper (sm_90a): each group of 4 warps runs both GEMMs as one wgmma.m64 (needs m_tiles=1)
     ftz_exp: bool = True  # exponentiate with the bare ex2.approx.ftz (``EX2_SRC``), not CUDA's exp2f
+    group_diag: bool = False  # causal wgmma: each warpgroup stops at its own diagonal (``per_group`` in flash_mma)
 
     @property
     def name(self) -> str:
         return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
                 f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
-                f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}")
+                f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
+                f"{'d' if self.group_diag else ''}")
 
 
 def wgmma_config(head_dim: int) -> TileConfig:
@@ -144,7 +150,9 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
     wgmma (sm_90a) where it won: no causal mask and at least 1024 query rows (512 for head_dim > 64; or a symbolic
-    count), or a causal mask and at least 2048 rows, launched in L2 sections (``lpt_section``). 4 warpgroups (256
+    count), or a causal mask and at least 2048 rows, launched in L2 sections (``lpt_section``); up to 4096 rows each
+    warpgroup also stops at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at 8192, where the
+    diagonal is a smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all copies). 4 warpgroups (256
     query rows) per CTA: their GEMMs cover each other's waits at the per-tile barrier (3 warpgroups: -3-15 %, 2:
     -15-30 %); 64-key tiles for head_dim <= 64, 32 for larger heads, which keeps 4 warpgroups within 128 registers
     per thread. Shorter sequences lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU).
@@ -158,7 +166,9 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
 
     causal = spec.causal != "none"
     if wgmma and at_least(spec.seq_q, 2048 if causal else 512 if spec.head_dim > 64 else 1024):
-        return replace(wgmma_config(spec.head_dim), lpt_heads=lpt_section(spec) if causal else 0)
+        if not causal:
+            return wgmma_config(spec.head_dim)
+        return replace(wgmma_config(spec.head_dim), lpt_heads=lpt_section(spec), group_diag=not at_least(spec.seq_q, 4097))
     return TileConfig(bn=128 if spec.head_dim <= 64 and causal else 64)
 
 
@@ -175,7 +185,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     MT, stages = cfg.m_tiles, cfg.stages
     WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
     BM, BN = WM * cfg.warps, cfg.bn
-    WG = cfg.wgmma
+    WG, NW = cfg.wgmma, cfg.warps // 4  # wgmma; warpgroups
+    # Causal wgmma: each warpgroup runs its own number of key tiles, up to its rows' diagonal, instead of all up to
+    # the query tile's (a dead warpgroup's wgmma take the tensor cores from the others). The tile barrier then
+    # counts the warpgroups still at a tile, and the last warpgroup (which sees every tile) copies the K/V tiles.
+    per_group = WG and causal and cfg.group_diag
     DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
     CPR = D // 8  # 16-byte chunks per row
     RS = D if WG else DP  # elements per tile row: wgmma's core-matrix layout needs no padding
@@ -212,6 +226,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     def kv_limit(q0):  # keys past this are masked for every row of the tile
         return T.min(skv, T.min(q0 + BM, sq) + offset) if causal else skv
 
+    def kv_tiles(q0):  # key tiles the query tile computes
+        return (kv_limit(q0) + BN - 1) // BN
+
+    def group_tiles(q0, w):  # causal wgmma: key tiles warpgroup w computes (>= 1, up to its last row's diagonal)
+        return T.min(kv_tiles(q0), T.max(1, (q0 + w * 64 + 63 + offset) // BN + 1))
+
+    def groups_at(q0, j):  # warpgroups with at least j key tiles
+        return sum(T.Cast("int32", group_tiles(q0, w) >= j) for w in range(NW))
+
     def plain_tiles(q0):  # leading key tiles inside the sequence that every row of the query tile sees whole
         return T.min(skv // BN, (q0 + offset + 1) // BN) if causal else skv // BN
 
@@ -225,14 +248,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         return (mt * KS + kk) * 8 if cfg.q_in_regs else mt * 8
 
     @T.macro
-    def load_rows(smem, base, src, b, row0, nrows, head, rows, tx):
-        """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem tile at ``base``, zero past ``nrows``."""
-        for it in T.unroll((rows * CPR + NT - 1) // NT):
-            cid = T.meta_var(it * NT + tx)
+    def load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt):
+        """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem tile at ``base``, zero past ``nrows``, by the
+        ``nt`` threads numbered ``tx``."""
+        for it in T.unroll((rows * CPR + nt - 1) // nt):
+            cid = T.meta_var(it * nt + tx)
             # wgmma layout: 8 neighbouring lanes fill one 128-byte core matrix (8 rows) in one store wavefront
             r = T.meta_var(cid // (8 * CPR) * 8 + cid % 8 if WG else cid // CPR)
             col = T.meta_var(cid // 8 % CPR * 8 if WG else cid % CPR * 8)
-            if (it + 1) * NT <= rows * CPR or cid < rows * CPR:  # the last round may be partial
+            if (it + 1) * nt <= rows * CPR or cid < rows * CPR:  # the last round may be partial
                 T.ptx["cp.async.cg.shared.global"](
                     smem.ptr_to([at(base, r, col)]),
                     src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
@@ -291,14 +315,14 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         t4 = T.meta_var(lane % 4)
         q0 = T.meta_var(tile_start(bx))
         hk = T.meta_var(h // G)
-        n_kv = T.meta_var((kv_limit(q0) + BN - 1) // BN)
+        n_kv = T.meta_var(kv_tiles(q0))
         if WG:
             sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
-        load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx)
+        load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx, NT)
         for p in T.unroll(stages - 1):  # prologue: tiles 0 .. stages-2 in flight, one commit group each
             if p < n_kv:
-                load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx)
+                load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx, NT)
+                load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx, NT)
             T.ptx.cp.async_.commit_group()
         for i in T.unroll(MT * ND * 4):
             oacc[i] = T.float32(0)
@@ -358,11 +382,21 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             pin(pw, NS * 2, "uint")
 
         @T.inline
-        def arrived(pending):
-            """All but the newest ``pending`` copy groups are in shared memory, for wgmma too, for every thread."""
+        def arrived(pending, j=None):
+            """All but the newest ``pending`` copy groups are in shared memory, for wgmma too, for every thread (of
+            the warpgroups at key tile ``j`` or past their last one before it, ``per_group``)."""
             T.ptx.cp.async_.wait_group(pending)
             T.ptx["fence.proxy.async.shared::cta"]()  # cp.async wrote through the generic proxy, wgmma reads async
-            T.tvm_storage_sync("shared")
+            if per_group and j is not None:
+                tile_barrier(j)
+            else:
+                T.tvm_storage_sync("shared")
+
+        @T.inline
+        def tile_barrier(j):
+            """Named barrier 1 over the warpgroups with at least ``j`` key tiles: those about to compute tile j, and
+            those that stopped at it (their last P·V has read its stage, which is refilled from now on)."""
+            T.ptx["bar.sync"](T.uint32(1), T.Cast("uint32", 128 * groups_at(q0, j)))
 
         @T.inline
         def scores(j, n_plain):
@@ -381,10 +415,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile."""
             # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1, whose
             # stage is refilled
-            arrived(0)
+            arrived(0, j)
             if j + 2 < n_kv:  # (issued behind the GEMMs instead, the copies delayed the softmax: -5 %)
-                load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx)
+                if per_group:  # by the last warpgroup, the one that sees every tile
+                    if warp // 4 == NW - 1:
+                        load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx % 128, 128)
+                        load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx % 128, 128)
+                else:
+                    load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx, NT)
+                    load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx, NT)
             T.ptx.cp.async_.commit_group()
             # The wgmma are issued and waited on every path (after the last tile, S of a stale stage is computed and
             # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
@@ -509,8 +548,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             stage = T.meta_var(j % stages * (BN * RS))
             if j + stages - 1 < n_kv:  # into the stage read in iteration j-1 (all warps past its end barrier)
                 nxt = T.meta_var((j + stages - 1) % stages * (BN * RS))
-                load_rows(smem, K_OFF + nxt, k, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
-                load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx)
+                load_rows(smem, K_OFF + nxt, k, b, k0 + (stages - 1) * BN, skv, hk, BN, tx, NT)
+                load_rows(smem, V_OFF + nxt, v, b, k0 + (stages - 1) * BN, skv, hk, BN, tx, NT)
             T.ptx.cp.async_.commit_group()
             T.ptx.cp.async_.wait_group(stages - 1)  # all but the newest stages-1 groups done: tile j is in
             T.tvm_storage_sync("shared")
@@ -544,8 +583,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             softmax(0, True)
             to_p()
             n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
-            for j in T.serial(n_kv):
-                tile_wgmma(j, n_plain)
+            if per_group:
+                mine = T.meta_var(group_tiles(q0, warp // 4))
+                for j in T.serial(mine):
+                    tile_wgmma(j, n_plain)
+                if mine < n_kv:  # its copies are in, and its last P·V has read its stage
+                    arrived(0, mine)
+            else:
+                for j in T.serial(n_kv):
+                    tile_wgmma(j, n_plain)
         elif has_bias:  # every score takes its bias: one loop
             for j in T.serial(n_kv):
                 tile(j, True)

@@ -22,9 +22,11 @@ import numpy as np
 PRELUDE = r"""
 #include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 #define __global__
@@ -55,7 +57,24 @@ struct Dim3 { int x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static char* emu_smem;
 static std::barrier<>* emu_block_barrier;
-static std::vector<std::barrier<>*> emu_named_barriers;  // bar.sync / bar.arrive ids 1..15 (0 is __syncthreads)
+// bar.sync / bar.arrive a, b (ids 1..15; 0 is __syncthreads): an instance completes when b threads arrived
+struct EmuNamedBarrier {
+  std::mutex m;
+  std::condition_variable cv;
+  unsigned arrived = 0, generation = 0;
+  void arrive(unsigned count, bool wait) {
+    std::unique_lock<std::mutex> lock(m);
+    unsigned gen = generation;
+    if (++arrived == count) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else if (wait) {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+  }
+};
+static EmuNamedBarrier emu_named_barriers[16];
 static int emu_block_threads;
 static std::vector<std::barrier<>*> emu_warp_barriers;
 static uint32_t emu_slots[1024][16];  // per-thread operand exchange for warp collectives
@@ -197,15 +216,12 @@ extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, lon
     std::vector<std::barrier<>*> warps;
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, threads - 32 * w)));
     emu_warp_barriers = warps;
-    std::vector<std::barrier<>*> named;
-    for (int i = 0; i < 16; ++i) named.push_back(new std::barrier<>(threads));
-    emu_named_barriers = named;
+    for (auto& n : emu_named_barriers) n.arrived = 0;
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([=] { threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz; KERNEL_CALL; });
     for (auto& th : pool) th.join();
     for (auto* w : warps) delete w;
-    for (auto* n : named) delete n;
   }
 }
 """
@@ -286,10 +302,8 @@ def _helpers(preamble: str) -> str:
         elif "commit_group" in name or "wait_group" in name:
             defs.append(f"static inline void {name}() {{}}")
         elif name.startswith(("tvm_builtin_ptx_bar_sync_count", "tvm_builtin_ptx_bar_arrive")):
-            # named barrier a over b threads; only whole-block counts are emulated (a std::barrier per id)
-            wait = "arrive_and_wait()" if "sync" in name else "arrive()"
-            defs.append(f"static inline void {name}(uint32_t a, uint32_t b) {{ if (b != (uint32_t)emu_block_threads) "
-                        f"std::abort(); (void)emu_named_barriers[a]->{wait}; }}")
+            defs.append(f"static inline void {name}(uint32_t a, uint32_t b) {{ "
+                        f"emu_named_barriers[a].arrive(b, {str('sync' in name).lower()}); }}")
         elif m := re.fullmatch(r"tvm_builtin_ptx_wgmma_(b?f16)_(ss|rs)_mma_async_sync_aligned_m64n(\d+)k16_f32_\w+?_1_1_(\w+)", name):
             elem, form, n, trans = m.group(1), m.group(2), int(m.group(3)), m.group(4).split("_")
             if form == "ss" and trans[0] != "0":

@@ -230,6 +230,11 @@ TILE_CONFIGS = {
                                       (2, 250, 190, 2, 2, 64, "float16", (2, 1, 1, 190), "BottomRight")),
     # CUDA's exp2f instead of ex2.approx.ftz (the benchmark's comparison)
     "exp2f": (dict(ftz_exp=False), (1, 70, 90, 2, 1, 64, "float16", (1, 2, 70, 90), "BottomRight")),
+    # each warpgroup up to its own diagonal: 4 key-tile counts in the first query tile, a bottom-right offset, padding
+    "wgmma-per-group-diagonals": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, group_diag=True),
+                                  (2, 300, 340, 2, 1, 64, "bfloat16", (2, 1, 1, 340), "BottomRight")),
+    "wgmma-per-group-diagonals-d128": (dict(warps=16, m_tiles=1, bn=32, stages=3, wgmma=True, group_diag=True),
+                                       (1, 260, 260, 2, 2, 128, "float16", None, "TopLeft")),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -330,6 +335,10 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         cfg = choose(spec(seq, d, "TopLeft", kv_heads), wgmma=True)
         assert cfg.wgmma and cfg.lpt_heads == pairs, (seq, d, kv_heads, cfg)
     assert choose(spec(tvm.tirx.Var("s", "int64"), 64, "TopLeft"), wgmma=True).lpt_heads == 0  # unknown K/V size
+    # per-warpgroup diagonals up to 4096 rows (causal only)
+    assert choose(spec(2048, 64, "TopLeft"), wgmma=True).group_diag and choose(spec(4096, 128, "TopLeft"), wgmma=True).group_diag
+    assert not choose(spec(8192, 64, "TopLeft"), wgmma=True).group_diag and not choose(spec(2048, 64), wgmma=True).group_diag
+    assert not choose(spec(tvm.tirx.Var("s", "int64"), 64, "TopLeft"), wgmma=True).group_diag
     sm80, sm90 = targets.resolve("cuda-sm80").target, targets.resolve("cuda-sm90").target
     assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
