@@ -416,14 +416,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1, whose
             # stage is refilled
             arrived(0, j)
+            # copied by every thread, or per_group by the last warpgroup, the one that sees every tile
+            copier = T.meta_var(warp // 4 == NW - 1 if per_group else True)
+            ctx, cnt = T.meta_var((tx % 128, 128) if per_group else (tx, NT))
             if j + 2 < n_kv:  # (issued behind the GEMMs instead, the copies delayed the softmax: -5 %)
-                if per_group:  # by the last warpgroup, the one that sees every tile
-                    if warp // 4 == NW - 1:
-                        load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx % 128, 128)
-                        load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx % 128, 128)
-                else:
-                    load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, tx, NT)
-                    load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, tx, NT)
+                if copier:
+                    load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
+                    load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
             T.ptx.cp.async_.commit_group()
             # The wgmma are issued and waited on every path (after the last tile, S of a stale stage is computed and
             # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
