@@ -582,15 +582,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             softmax(0, True)
             to_p()
             n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
+            mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)
+            for j in T.serial(mine):
+                tile_wgmma(j, n_plain)
             if per_group:
-                mine = T.meta_var(group_tiles(q0, warp // 4))
-                for j in T.serial(mine):
-                    tile_wgmma(j, n_plain)
                 if mine < n_kv:  # its copies are in, and its last P·V has read its stage
                     arrived(0, mine)
-            else:
-                for j in T.serial(n_kv):
-                    tile_wgmma(j, n_plain)
         elif has_bias:  # every score takes its bias: one loop
             for j in T.serial(n_kv):
                 tile(j, True)

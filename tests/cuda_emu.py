@@ -75,7 +75,6 @@ struct EmuNamedBarrier {
   }
 };
 static EmuNamedBarrier emu_named_barriers[16];
-static int emu_block_threads;
 static std::vector<std::barrier<>*> emu_warp_barriers;
 static uint32_t emu_slots[1024][16];  // per-thread operand exchange for warp collectives
 static inline float max(float a, float b) { return std::fmax(a, b); }
@@ -209,7 +208,6 @@ _HARNESS = r"""
 extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, long smem) {
   std::vector<char> shared(smem + 64);
   emu_smem = shared.data();
-  emu_block_threads = threads;
   for (int bz = 0; bz < gz; ++bz) for (int by = 0; by < gy; ++by) for (int bx = 0; bx < gx; ++bx) {
     std::barrier<> block(threads);
     emu_block_barrier = &block;
