@@ -11,6 +11,8 @@ Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) be
 
 ``tbps`` counts one read and one write of the tensor; ``copy_tbps`` is a copy of the same bytes timed in the
 same run. Every timed output is checked against float64 (``max_err``, ``ok``), so a fast wrong kernel shows.
+On the GPU each implementation is timed in ``ROUNDS`` rounds interleaved with the others in a rotating order
+(the median round kept, all in ``ms_rounds``); ``--baseline`` adds another build's kernels (A/B of a change).
 """
 
 from __future__ import annotations
@@ -32,23 +34,26 @@ DTYPES = ("float32", "float16")
 KINDS = ("softmax", "log_softmax")
 CHECK_COLS = (1, 3, 31, 1023, 1025, 4097, 50257, 131073)
 CHECK_ROWS = (5, 257)  # few rows and many
-# Every CHECK_COLS length above 1023 breaks 16-byte alignment, so those rows all take the stream kernel;
-# these aligned shapes reach the other plans: a block per row in registers, and the split over chunks.
+# Every CHECK_COLS length above 1023 breaks 16-byte alignment, so those rows all take the block kernel (one step
+# in registers up to 4097, streamed beyond); these aligned shapes reach the other plans: a block per row in
+# registers, and the split.
 PLAN_SHAPES = ((257, 8192), (5, 1 << 20))
 # Other CUDA layouts (schedules.softmax.CudaPlan fields) timed beside the chosen one, to tune cuda_plan by.
 VARIANTS = [
-    # what cuda_plan chose before the stream kernel cached rows in shared memory: a 1024-thread block per row
-    # with the row in registers, the row split over 8 blocks, the stream kernel re-reading all of pass 2
+    # a 1024-thread block per row holding the row in registers, instead of two 512-thread blocks per SM streaming
     (1024, 32768, "float32", {"lanes": 1024, "vec": 4, "per_thread": 8}),
     (1024, 32768, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4}),
-    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "chunks": 8}),
-    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "chunks": 8}),
-    (4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2"}),
+    # the row split over 8 blocks (two kernels) instead of one 1024-thread block per row
+    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "cache": "l2", "chunks": 8}),
+    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 8}),
+    # no shared-memory cache: pass 2 re-reads all but the last step from L2
+    (4096, 50257, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2"}),
     (4096, 50257, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2"}),
-    # one 1024-thread block per SM caching 192 KB of the row instead of two 512-thread ones caching 96 KB each
-    (4096, 50257, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
-    (1024, 32768, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 2}),
+    # the other block size: two 512-thread blocks per SM (float32: 73 KB of each row from L2), one of 1024 threads
+    (4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
+    (4096, 50257, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 1}),
 ]
+ROUNDS = 5  # GPU timing: rounds per implementation, interleaved (see run)
 # Normwise tolerance of a timed output: max |y - ref| / max |ref|.
 BENCH_TOL = {"float32": 2e-5, "float16": 2e-3}
 # The seed's kernel, verbatim: one block per row, one thread per column, O(cols^2) work per row.
@@ -243,7 +248,9 @@ def _seed_kernel():
     return launch
 
 
-def run(out: Path) -> None:
+def run(out: Path, baselines: list[Path] = ()) -> None:
+    """Check and time every GPU case; ``baselines``: other builds' tvmpipe kernels (say, the previous commit's)
+    timed beside them, recorded as impl "tvmpipe-baseline" (and the folder's name) with the variants."""
     import torch
     import tvm
     import tvm_ffi
@@ -254,9 +261,14 @@ def run(out: Path) -> None:
 
     cases = json.loads((BUILD / "cases.json").read_text())
     lib = tvm.runtime.load_module(str(BUILD / "kernels.so"))
+    for folder in baselines:
+        base_lib = tvm.runtime.load_module(str(folder / "kernels.so"))
+        cases += [c | {"impl": "baseline", "lib": base_lib, "baseline": folder.name}
+                  for c in json.loads((folder / "cases.json").read_text()) if c["impl"] == "tvmpipe" and not c["check"]]
     device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
     seed = _seed_kernel()
     tdt = {"float32": torch.float32, "float16": torch.float16}
+    impl_names = {"variant": "tvmpipe-variant", "baseline": "tvmpipe-baseline"}
     records, variants, checks = [], [], []
     with tvm_ffi.use_torch_stream():
         for rows, cols in GPU_SHAPES:
@@ -267,27 +279,37 @@ def run(out: Path) -> None:
                 xt, yt = tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y)
                 nbytes = 2 * x.numel() * x.element_size()
                 reps = max(5, min(100, int(2e10 / nbytes)))
-                copy_tbps = nbytes / gpu_bench(lambda: y.copy_(x), reps) / 1e9
-                timed = [  # (impl, schedule, fn returning the output)
-                    (c["impl"], c.get("plan") or c.get("schedule", "?"), lambda f=lib[c["name"]]: (f(xt, yt), y)[1])
+                timed = [  # (impl, schedule, fn returning the output, extra fields)
+                    (c["impl"], c.get("plan") or c.get("schedule", "?"),
+                     lambda f=c.get("lib", lib)[c["name"]]: (f(xt, yt), y)[1],
+                     {"baseline": c["baseline"]} if "baseline" in c else {})
                     for c in cases if not c["check"] and (c["rows"], c["cols"], c["dtype"]) == (rows, cols, dt)
                 ]
-                timed.append(("torch", "torch.softmax", lambda: torch.softmax(x, dim=-1)))
+                timed.append(("torch", "torch.softmax", lambda: torch.softmax(x, dim=-1), {}))
                 if seed is not None and dt == "float32" and cols <= 1024:
-                    timed.append(("seed-naive", "one block per row", lambda: (seed(x, y), y)[1]))
-                for impl, schedule, fn in timed:
+                    timed.append(("seed-naive", "one block per row", lambda: (seed(x, y), y)[1], {}))
+                base = {"dtype": dt, "rows": rows, "cols": cols, "device": device}
+                shape_records = []
+                for impl, schedule, fn, extra in timed:  # checked first
                     y.fill_(float("nan"))
-                    ms = gpu_bench(fn, 5 if impl == "seed-naive" else reps)
                     err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
-                    record = {
-                        "impl": "tvmpipe-variant" if impl == "variant" else impl, "dtype": dt, "rows": rows,
-                        "cols": cols, "ms": ms, "tbps": nbytes / ms / 1e9, "copy_tbps": copy_tbps, "device": device,
-                        "max_err": err, "ok": err <= BENCH_TOL[dt], "schedule": schedule,
-                    }
-                    (variants if impl == "variant" else records).append(record)
-                    print(f"{record['impl']:>15} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
-                          f"(copy {copy_tbps:.2f}) err {err:.1e} {schedule}", flush=True)
-                del x, y, ref, timed
+                    shape_records.append({"impl": impl_names.get(impl, impl), **base, "max_err": err,
+                                          "ok": err <= BENCH_TOL[dt], "schedule": schedule, **extra})
+                # then timed in rotated, interleaved rounds with the copy: no implementation is always timed first
+                # (the H200's clock falls under sustained load), each round's median kept in ms_rounds
+                fns = [lambda: y.copy_(x)] + [fn for _, _, fn, _ in timed]
+                rounds = [[] for _ in fns]
+                for r in range(ROUNDS):
+                    for i in list(range(len(fns)))[r % len(fns):] + list(range(len(fns)))[:r % len(fns)]:
+                        rounds[i].append(gpu_bench(fns[i], 5 if i and timed[i - 1][0] == "seed-naive" else reps))
+                copy_tbps = nbytes / statistics.median(rounds[0]) / 1e9
+                for record, ms_rounds in zip(shape_records, rounds[1:]):
+                    ms = statistics.median(ms_rounds)
+                    record.update(ms=ms, tbps=nbytes / ms / 1e9, copy_tbps=copy_tbps, ms_rounds=ms_rounds)
+                    (records if record["impl"] in ("tvmpipe", "dlight", "torch", "seed-naive") else variants).append(record)
+                    print(f"{record['impl']:>16} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
+                          f"(copy {copy_tbps:.2f}) err {record['max_err']:.1e} {record['schedule']}", flush=True)
+                del x, y, ref, timed, fns
         rng = np.random.default_rng(0)
         for case in (c for c in cases if c["check"]):
             x = sample(case["rows"], case["cols"], case["dtype"], rng)
@@ -490,12 +512,14 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--plot", metavar="JSON", help="draw the chart of a results file")
     mode.add_argument("--table", metavar="JSON", help="print a results file as a markdown table")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--baseline", type=Path, nargs="+", default=[],
+                   help="--run: also time the tvmpipe kernels of these other --build folders")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     if args.build:
         build(BUILD)
     elif args.run:
-        run(args.out)
+        run(args.out, args.baseline)
     elif args.cpu:
         run_cpu(args.out)
     elif args.plot:

@@ -62,21 +62,10 @@ from tvm.script import tirx as T
 from compiler.targets import cuda_arch
 
 from .attention import causal_offset, kernel_signature
-from .common import LOG2E, SMS, sm_version, warp_shuffle_xor
+from .common import LOG2E, SMS, ex2, sm_version, warp_shuffle_xor
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
 TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
-# exp2 as the bare ex2.approx.ftz.f32: CUDA's exp2f (the same instruction) adds a compare and two multiplies per call
-# to return results below 2^-126 unflushed; here they are probabilities beside a row sum >= 1, or rescale factors of
-# sums that small. (SASS, the d64 wgmma kernel's loop: 449 -> 347 instructions; H200, against exp2f in one run:
-# +2-10 % on 6 of the 12 benchmark shapes, level on 4, -5-10 % for d128 at seq 512 in two runs; exp2f's accuracy
-# otherwise.)
-EX2_SRC = '__forceinline__ __device__ float tvmpipe_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }'
-
-
-def ex2(x):
-    """2^x in float32 on the GPU through ``EX2_SRC`` (results below 2^-126 are 0)."""
-    return T.cuda.func_call("tvmpipe_ex2", x, source_code=EX2_SRC, return_type="float32")
 
 
 def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.Target) -> bool:
@@ -110,7 +99,9 @@ class TileConfig:
     lpt_heads: int = 0  # causal: LPT within sections of this many (batch, head) pairs, one after the other (0: one)
     pingpong: bool = False  # two warp groups take turns on the tensor cores: one's GEMM overlaps the other's softmax
     wgmma: bool = False  # Hopper (sm_90a): each group of 4 warps runs both GEMMs as one wgmma.m64 (needs m_tiles=1)
-    ftz_exp: bool = True  # exponentiate with the bare ex2.approx.ftz (``EX2_SRC``), not CUDA's exp2f
+    # exponentiate with the bare ex2.approx.ftz (``common.ex2``), not CUDA's exp2f (H200, one run: +2-10 % on 6 of the
+    # 12 benchmark shapes, level on 4, -5-10 % for d128 at seq 512 in two runs)
+    ftz_exp: bool = True
     group_diag: bool = False  # causal wgmma: each warpgroup stops at its own diagonal (``per_group`` in flash_mma)
 
     @property

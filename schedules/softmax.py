@@ -5,21 +5,24 @@ view the tensor as ``rows x cols`` and call ``softmax_tir.canonical``, marked ``
 opaque so that FuseOps keeps it whole. ``Softmax`` (``schedules.RULES``) recognises that PrimFunc and
 schedules it, choosing by row length and dtype:
 
-CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumulation):
-- short rows: ``lanes`` <= 32 threads (part of a warp) per row, several rows per block, row in
-  registers, warp-shuffle reductions;
-- medium rows: one block per row, row in registers, block reductions; the input is read from memory once;
-- rows that do not fit one block's registers (or a block of 512 threads: one such block per SM stalls the
-  SM's loads during its reductions), and rows whose length breaks 16-byte alignment (50257): the stream
-  kernel (``cache="l2"``, ``softmax_tir.cuda_stream``), one block per row: an online (max, sum) pass, then
-  a second pass that takes the row's first ``cached`` steps from shared memory, where pass 1 left them, and
-  the rest from L2 (read last, so most likely still there); aligned vectors of the flat tensor, so an odd
-  row length keeps 128-bit accesses. Two blocks of <= 512 threads per SM with ~110 KB of cache each, or,
-  with no more rows than SMs, one of <= 1024 threads with ~220 KB. (H200, against the kernel without the
-  cache, in one run: 4096 x 50257 float32 0.605 -> 0.488 ms, float16 0.284 -> 0.265 ms; 1024 x 32768
-  float16 0.063 ms in registers -> 0.053 ms; 128 x 131072, split before, float32 0.060 -> 0.047 ms);
-- fewer rows than half the SMs: each row split over ``chunks`` blocks that write (max, sum) partials,
-  then a combine + normalise kernel (two reads of the input, one write).
+CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumulation, exponentials on the bare
+``ex2.approx.ftz`` instruction):
+- short rows: ``lanes`` <= 32 threads (part of a warp) per row, several rows per block, row in registers,
+  warp-shuffle reductions (``softmax_tir.cuda_rows``, a definition scheduled here);
+- longer rows: one block per row, the block kernel ``softmax_tir.cuda_stream`` (hand-written CUDA-level TIR,
+  row in aligned vectors of the flat tensor, so an odd row length (50257) keeps 128-bit accesses). A row that
+  fits one step of the block's registers stays there (``cache="local"``), each element exponentiated once;
+  a longer one streams (``cache="l2"``): an online (max, sum) pass, then a normalising pass that takes the
+  row's last step from registers, its first ``cached`` steps from shared memory (requested all at once with
+  cp.async in pass 1) and the rest from L2. Two blocks of <= 512 threads per SM with ~110 KB of cache each,
+  or one of <= 1024 threads with ~220 KB where there are no more rows than SMs or only that holds the row on
+  chip. (TVM's own block reductions leave their result in volatile shared memory, re-read for every element,
+  and CUDA then divides per element: the reason these rows do not use a scheduled definition.)
+- fewer rows than half the SMs: each row split over ``chunks`` blocks of the same kernel: one kernel writes
+  (max, sum) partials, a second merges them and normalises (two reads of the input, one write).
+H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
+1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 1.00 of copy bandwidth, 4096 x
+50257 0.74 -> 0.94), float32 1.01-1.17x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
 CPU: parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
 read from memory once while it fits in cache; the exp pass prefetches the next row.
 """
@@ -45,9 +48,9 @@ _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kern
 
 _REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
 _SPLIT_BYTES = 4 << 20  # below this a second kernel launch costs more than idle SMs do
-_STREAM_LANES, _STREAM_VECTORS = 512, 4  # stream kernel: threads per row, vectors in flight per thread
-# Stream kernel: shared memory its row caches may take per block: half an SM's (sm_90: 228 KB), so two blocks
-# share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
+_STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vectors per thread and step
+# Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so
+# two blocks share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
 _STREAM_CACHE_BYTES = 110 << 10
 # CPU: prefetch the next row during the exp pass up to this row size, so that its memory reads overlap the
 # exp arithmetic (64 x 50257 float32: -10 %); a 1 MB row (x, y and the next x) no longer fits in L2 (+10 %).
@@ -90,8 +93,8 @@ legalize_log_softmax = _legalize("log_softmax")
 @dataclass(frozen=True)
 class CudaPlan:
     """How a row is spread over threads: ``lanes`` threads x ``per_thread`` vectors of ``vec`` elements
-    per row (or per chunk of a row when ``chunks`` > 1), ``rows_per_block`` rows per thread block, the
-    row slice cached in registers (``cache`` "local") or streamed ("l2": the stream kernel)."""
+    per row, per step of the block kernel or per chunk of a row when ``chunks`` > 1; ``rows_per_block`` rows
+    per thread block (the warp kernel); the row held in registers (``cache`` "local") or streamed ("l2")."""
 
     lanes: int
     vec: int
@@ -99,7 +102,7 @@ class CudaPlan:
     rows_per_block: int = 1
     cache: str = "local"
     chunks: int = 1
-    cached: int = 0  # stream kernel: a row's first steps also kept in shared memory (not re-read from L2)
+    cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -129,12 +132,14 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
     if rows < sms // 2 and rows * cols * itemsize >= _SPLIT_BYTES:  # a block per row would leave most SMs idle
         # Split: enough chunks to fit registers and to give the GPU >= 4 blocks per SM.
-        fit = _ceil(nvec, 512 * _vec_budget(vec))
-        chunks = max(fit, _ceil(4 * sms, rows))
+        full = 16 // itemsize
+        touched = softmax_tir.stream_vectors(cols, full)
+        chunks = max(_ceil(touched, 512 * _vec_budget(full)), _ceil(4 * sms, rows))
         pow2 = 1 << (chunks - 1).bit_length()
-        chunks = pow2 if nvec % pow2 == 0 else chunks
-        chunk = _block_plan(_ceil(nvec, chunks), vec, 512)
-        return CudaPlan(chunk.lanes, vec, chunk.per_thread, chunks=_ceil(nvec, chunk.lanes * chunk.per_thread))
+        chunks = pow2 if touched % pow2 == 0 else chunks
+        chunk = _block_plan(_ceil(touched, chunks), full, 512)
+        return CudaPlan(chunk.lanes, full, chunk.per_thread, cache="l2",
+                        chunks=_ceil(touched, chunk.lanes * chunk.per_thread))
     whole = _block_plan(nvec, vec, 1024)
     # (a row too long for the registers needs all 1024 lanes, so "more than 512 lanes" covers it)
     if vec < 16 // itemsize or whole.lanes > 512:
@@ -143,13 +148,22 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str) -> CudaPlan:
 
 
 def _stream_plan(rows: int, cols: int, itemsize: int, sms: int) -> CudaPlan:
-    """The stream kernel's layout: two blocks of <= 512 threads per SM, or, where there are no more rows than
-    SMs, one of <= 1024 threads with all of the shared memory for its row cache."""
-    alone = rows <= sms
-    touched = _ceil(cols, 16 // itemsize) + 1  # vectors of the flat tensor a row's elements fall in
-    lanes = min(2 * _STREAM_LANES if alone else _STREAM_LANES, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32)
+    """The block kernel's layout for rows in 16-byte vectors of the flat tensor: two blocks of <= 512 threads per
+    SM, or one of <= 1024 threads with all of the shared memory for its row cache where there are no more rows
+    than SMs, or where only such a block holds the whole row on chip; a row that fits one step stays in
+    registers (at least two warps: <= 32 lanes is the warp kernel)."""
+    touched = softmax_tir.stream_vectors(cols, 16 // itemsize)
+
+    def on_chip(lanes: int) -> bool:  # the row fits the block's shared memory cache + one step in registers
+        return touched <= _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // 16 + lanes * _STREAM_VECTORS
+
+    wide = rows <= sms or (not on_chip(_STREAM_LANES) and on_chip(2 * _STREAM_LANES))
+    lanes = min(2 * _STREAM_LANES if wide else _STREAM_LANES, max(64, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32))
     step = lanes * _STREAM_VECTORS  # vectors a block reads per step
-    cached = min(_ceil(touched, step), _STREAM_CACHE_BYTES * (2 if alone else 1) // (step * 16))
+    if touched <= step:
+        return CudaPlan(lanes, 16 // itemsize, _STREAM_VECTORS)
+    # (the last step stays in registers)
+    cached = min(_ceil(touched, step) - 1, _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // (step * 16))
     return CudaPlan(lanes, 16 // itemsize, _STREAM_VECTORS, cache="l2", cached=cached)
 
 
@@ -183,10 +197,9 @@ def _schedule_store(sch: s_tir.Schedule) -> None:
 
 def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -> s_tir.Schedule:
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
-    if plan.chunks > 1:
-        return _schedule_cuda_split(rows, cols, dtype, kind, plan)
-    if plan.cache == "l2":  # a kernel already: nothing to schedule
-        return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread, plan.cached), kind)
+    if plan.cache == "l2" or plan.lanes > 32:  # the block kernel, a kernel already: nothing to schedule
+        return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
+                                                 plan.cached, plan.chunks), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])
@@ -198,35 +211,6 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
         sch.compute_at(block, ty, preserve_unit_loops=True)
         _thread_slice(sch, block, plan, vectorize=name == "load")
         sch.set_scope(block, 0, "local")
-    return sch
-
-
-def _schedule_cuda_split(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -> s_tir.Schedule:
-    sch = _schedule(softmax_tir.cuda_split(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread, plan.chunks), kind)
-    # Kernel 1: one block per (row, chunk); partials reduced across threads into registers, then stored.
-    bx = sch.fuse(*sch.get_loops(sch.get_sblock("save"))[:2])
-    sch.bind(bx, "blockIdx.x")
-    for name in ("part_sum", "part_max", "load_1"):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, bx, preserve_unit_loops=True)
-        _thread_slice(sch, block, plan, vectorize=name == "load_1")
-        sch.set_scope(block, 0, "local")
-    # Kernel 2: each block combines its row's partials, then normalises its chunk.
-    r, p = sch.get_loops(sch.get_sblock("store"))[:2]
-    bx = sch.fuse(r, p)
-    sch.bind(bx, "blockIdx.x")
-    _schedule_store(sch)
-    for name in ("row_sum", "row_max"):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, bx, preserve_unit_loops=True)
-        _, lane = sch.split(sch.get_loops(block)[-1], [None, plan.lanes])
-        sch.reorder(lane, sch.get_loops(block)[-2])
-        sch.bind(lane, "threadIdx.x")
-        sch.set_scope(block, 0, "local")
-    load = sch.get_sblock("load_2")
-    sch.compute_at(load, bx, preserve_unit_loops=True, index=-2)  # issue the chunk's loads first
-    _thread_slice(sch, load, plan, vectorize=True)
-    sch.set_scope(load, 0, "local")
     return sch
 
 

@@ -5,18 +5,18 @@ normalise) with float32 accumulation. The other functions restate the same compu
 index space that a schedule needs, because TVM's ``transform_layout`` / ``transform_block_layout``
 cannot pad a row to a tile multiple nor keep a thread's slice of the row compact:
 
-- ``cuda_rows``: one row per group of ``lanes`` threads; each thread holds ``per_thread`` vectors of
-  ``vec`` elements, element ``((j * lanes) + l) * vec + v`` of the row (coalesced, 128-bit when
-  ``vec * itemsize == 16``), cached on chip and read from memory once.
-- ``cuda_split``: the same tiling over ``chunks`` slices of a long row, in two kernels: per-chunk
-  (max, sum of exp) partials, then a combine + normalise pass.
-- ``cuda_stream`` is a finished CUDA kernel instead (hand-written: its row ends are masked per element
-  while the rest of the row moves in aligned vectors, which no tiling of [rows, cols] expresses).
+- ``cuda_rows``: one row per group of ``lanes`` <= 32 threads (a warp or part of one); each thread holds
+  ``per_thread`` vectors of ``vec`` elements, element ``((j * lanes) + l) * vec + v`` of the row (coalesced,
+  128-bit when ``vec * itemsize == 16``), cached on chip and read from memory once.
+- ``cuda_stream`` is a finished CUDA kernel instead, for a block (or several, ``chunks``) per row: its row ends
+  are masked per element while the rest of the row moves in aligned vectors, which no tiling of [rows, cols]
+  expresses, and its block reductions keep their results in registers.
 - ``cpu``: one block per row, three vectorised passes (max, exp with sum, scale) with ``vexp``.
 
 Numerics (ONNX Softmax / LogSoftmax, opset 13): ``y = exp(x - max) / sum(exp(x - max))`` and
 ``y = x - max - log(sum(exp(x - max)))`` over the row, computed in float32 for every input type.
-``-inf`` entries give 0, a row holding NaN or ``+inf`` gives NaN, huge magnitudes stay finite.
+``-inf`` entries give 0, a row holding NaN or ``+inf`` gives NaN, huge magnitudes stay finite. On the GPU exp
+is ``ex2`` (flush to zero): probabilities below 2^-126, beside a row sum >= 1, are 0.
 """
 
 from __future__ import annotations
@@ -24,16 +24,21 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .common import LOG2E, warp_shuffle_xor
+from .common import LOG2E, ex2, warp_shuffle_xor
 
 ACC = "float32"
 
 
-def _normalized(kind: str, x, row_max, row_sum, exp=T.exp):
+def _normalized(kind: str, x, row_max, row_sum):
     """One output element (float32) from the float32 input value and the row's statistics."""
     if kind == "log_softmax":
         return x - row_max - T.log(row_sum)
-    return exp(x - row_max) * (T.float32(1) / row_sum)
+    return T.exp(x - row_max) * (T.float32(1) / row_sum)
+
+
+def _ex(value):
+    """exp(value) on the GPU: ``ex2`` of value * log2(e), one multiply where expf reduces its argument."""
+    return ex2(value * T.float32(LOG2E))
 
 
 def canonical(rows: int, cols: int, dtype: str, kind: str):
@@ -92,7 +97,7 @@ def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int,
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("exp"):
                 vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
-                ec[vr, vj, vl, vv] = T.exp(T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr])
+                ec[vr, vj, vl, vv] = _ex(T.Cast(ACC, xc[vr, vj, vl, vv]) - row_max[vr])
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("row_sum"):
                 vr, vj, vl, vv = T.axis.remap("SRRR", [r, j, l, v])
@@ -115,110 +120,51 @@ def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int,
     return func
 
 
-def cuda_split(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, chunks: int):
-    """Split-row softmax: kernel 1 writes per-chunk (max, sum exp(x - max)); kernel 2 combines them
-    (``S = sum_q s_q * exp(m_q - M)``) and normalises its chunk. Chunk ``p`` holds row vectors
-    ``(p * per_thread + j) * lanes + l``."""
-    nvec = cols // vec
-    J, L, V, P = per_thread, lanes, vec, chunks
-
-    @T.prim_func(s_tir=True)
-    def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
-        T.func_attr({"tirx.noalias": True})
-        xa = T.sblock_alloc_buffer((rows, P, J, L, V), dtype)
-        part_max = T.sblock_alloc_buffer((rows, P), ACC)
-        part_sum = T.sblock_alloc_buffer((rows, P), ACC)
-        part = T.sblock_alloc_buffer((rows, P, 2), ACC)  # kernel 1 -> kernel 2: (max, sum) per chunk
-        xb = T.sblock_alloc_buffer((rows, P, J, L, V), dtype)
-        row_max = T.sblock_alloc_buffer((rows, P), ACC)
-        row_sum = T.sblock_alloc_buffer((rows, P), ACC)
-        yb = T.sblock_alloc_buffer((rows, P, J, L, V), dtype)
-        for r, p, j, l, v in T.grid(rows, P, J, L, V):
-            with T.sblock("load_1"):
-                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
-                xa[vr, vp, vj, vl, vv] = T.if_then_else(
-                    (vp * J + vj) * L + vl < nvec,
-                    x[vr, ((vp * J + vj) * L + vl) * V + vv],
-                    T.Cast(dtype, T.float32("-inf")),
-                )
-        for r, p, j, l, v in T.grid(rows, P, J, L, V):
-            with T.sblock("part_max"):
-                vr, vp, vj, vl, vv = T.axis.remap("SSRRR", [r, p, j, l, v])
-                with T.init():
-                    part_max[vr, vp] = T.min_value(ACC)
-                part_max[vr, vp] = T.max(part_max[vr, vp], T.Cast(ACC, xa[vr, vp, vj, vl, vv]))
-        for r, p, j, l, v in T.grid(rows, P, J, L, V):
-            with T.sblock("part_sum"):
-                vr, vp, vj, vl, vv = T.axis.remap("SSRRR", [r, p, j, l, v])
-                with T.init():
-                    part_sum[vr, vp] = T.float32(0)
-                part_sum[vr, vp] = part_sum[vr, vp] + T.exp(T.Cast(ACC, xa[vr, vp, vj, vl, vv]) - part_max[vr, vp])
-        for r, p, i in T.grid(rows, P, 2):
-            with T.sblock("save"):
-                vr, vp, vi = T.axis.remap("SSS", [r, p, i])
-                part[vr, vp, vi] = T.Select(vi == 0, part_max[vr, vp], part_sum[vr, vp])
-        # Kernel 2 walks the chunks in reverse, so it starts on those kernel 1 read last (still in L2).
-        for r, p, j, l, v in T.grid(rows, P, J, L, V):
-            with T.sblock("load_2"):
-                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
-                xb[vr, vp, vj, vl, vv] = T.if_then_else(
-                    ((P - 1 - vp) * J + vj) * L + vl < nvec,
-                    x[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv],
-                    T.Cast(dtype, T.float32("-inf")),
-                )
-        for r, p, q in T.grid(rows, P, P):
-            with T.sblock("row_max"):
-                vr, vp, vq = T.axis.remap("SSR", [r, p, q])
-                with T.init():
-                    row_max[vr, vp] = T.min_value(ACC)
-                row_max[vr, vp] = T.max(row_max[vr, vp], part[rows - 1 - vr, vq, 0])
-        for r, p, q in T.grid(rows, P, P):
-            with T.sblock("row_sum"):
-                vr, vp, vq = T.axis.remap("SSR", [r, p, q])
-                with T.init():
-                    row_sum[vr, vp] = T.float32(0)
-                row_sum[vr, vp] = row_sum[vr, vp] + part[rows - 1 - vr, vq, 1] * T.exp(
-                    part[rows - 1 - vr, vq, 0] - row_max[vr, vp]
-                )
-        for r, p, j, l, v in T.grid(rows, P, J, L, V):
-            with T.sblock("normalize"):
-                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
-                yb[vr, vp, vj, vl, vv] = T.Cast(
-                    dtype, _normalized(kind, T.Cast(ACC, xb[vr, vp, vj, vl, vv]), row_max[vr, vp], row_sum[vr, vp])
-                )
-        for r, p, j, l, v in T.grid(rows, P, J, L, V):
-            with T.sblock("store"):
-                vr, vp, vj, vl, vv = T.axis.remap("SSSSS", [r, p, j, l, v])
-                if ((P - 1 - vp) * J + vj) * L + vl < nvec:
-                    y[rows - 1 - vr, (((P - 1 - vp) * J + vj) * L + vl) * V + vv] = yb[vr, vp, vj, vl, vv]
-
-    return func
+def stream_vectors(cols: int, vec: int) -> int:
+    """How many ``vec``-aligned vectors of the flat tensor a row's elements may fall in: ``cols / vec`` when rows
+    keep the alignment, else up to two more (the row's ends share vectors with its neighbours)."""
+    return cols // vec if cols % vec == 0 else (cols + 2 * vec - 2) // vec
 
 
-def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0):
-    """Streaming softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row,
-    nothing held in registers across the passes. Pass 1 keeps an online (max, sum of exp) per thread, merged across the block; pass 2
-    reads the row again and writes it. The block has just read the row, so the second read is served by L2:
-    memory sees one read and one write, and with little state per thread several blocks share an SM, so
-    one block's reductions overlap another's loads (a register-cached long row leaves one block per SM).
+def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
+                chunks: int = 1):
+    """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
+    (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
+    online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
 
-    The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length
-    (50257) still gets 128-bit accesses; the two vectors at its ends, shared with the neighbouring rows, are
-    read and written element by element. Each thread has ``per_thread`` vectors in flight per step. Pass 2
-    walks the row backwards: it starts on what pass 1 read last, should L2 not hold all rows in flight.
-    The first ``cached`` steps are also kept in shared memory, each thread's own vectors (read back by the
-    thread that wrote them: no barrier), so pass 2 re-reads from L2 only the rest of the row, the part pass 1
-    read last; with fewer bytes per row left there, L2 holds them for every block in flight.
+    - One step covers the row (``resident``): the row stays in registers between the passes. For softmax the
+      thread keeps exp(x - its own max), so each element is exponentiated once and pass 2 is one multiply by
+      exp(own max - row max) / sum.
+    - Longer rows stream: pass 2 reads the row again, last step first, so memory sees one read and one write:
+      the last step is still in registers, the first ``cached`` steps are also kept in shared memory, each
+      thread's own vectors (read back by the thread that wrote them: no barrier), the rest comes from L2, where
+      pass 1 read it last. With little state per thread, two blocks share an SM: one's reductions overlap the
+      other's loads.
+    - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): two kernels. The first writes each chunk's
+      (max, sum) partial; the second merges its row's partials like the block merges its threads', then does
+      pass 2 on its chunk, chunks in reverse order, so that what L2 may still hold of the first kernel's reads
+      comes first (on the H200 ncu finds this second read served by DRAM all the same, even for 32 MB).
+
+    The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
+    still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
+    element by element. A step's groups of vectors that lie wholly past the row are skipped (block-uniform).
     """
-    L, V, U, W = lanes, vec, per_thread, lanes // 32
+    L, V, U, W, P = lanes, vec, per_thread, lanes // 32, chunks
     assert L % 32 == 0 and L <= 1024, L
-    steps = -(-((cols + 2 * V - 2) // V) // (L * U))  # a row touches at most this many vectors
-    C = min(cached, steps)  # steps < C are kept in shared memory
+    touched = stream_vectors(cols, V)
+    steps = -(-touched // (P * L * U))  # per chunk
+    resident = steps == 1 and P == 1
+    keep_exp = resident and kind == "softmax"
+    C = 0 if resident or P > 1 else min(cached, steps)  # steps < C are kept in shared memory
     keep_shape = (C, U, L, V) if C else (1,)
     f32, neg_inf = ACC, T.float32("-inf")
 
+    # ``it`` below counts steps from the row's start (chunk c's are c * steps ... c * steps + steps - 1)
     def vector(it, u, tx):  # the row's vector a thread takes: consecutive threads, consecutive vectors
         return (it * U + u) * L + tx
+
+    def live(it, u):  # whether the block's u-th vectors of step ``it`` reach into the row
+        return vector(it, u, 0) < touched
 
     def start(r, it, u, tx):  # flat index of that vector's first element, visibly a multiple of V (else TVM gathers)
         return (r * cols // V + vector(it, u, tx)) * V
@@ -232,8 +178,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     def mine(r, it, u, tx, v):
         return tirx.all(0 <= offset(r, it, u, tx, v), offset(r, it, u, tx, v) < cols)
 
-    def ex(value, m):  # exp(value - m) through exp2: one multiply where expf reduces its argument
-        return T.exp2((value - m) * T.float32(LOG2E))
+    def ex(value, m):  # exp(value - m)
+        return _ex(value - m)
 
     def nonzero(m):  # the max to subtract: a part holding only -inf has none (exp(-inf - 0) = 0)
         return T.if_then_else(m == neg_inf, T.float32(0), m)
@@ -243,87 +189,193 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             return T.Cast(dtype, value - stat[0] - stat[1])
         return T.Cast(dtype, ex(value, stat[0]) * stat[1])
 
-    @T.macro(hygienic=False)
-    def load(it):
+    @T.macro
+    def load(xv, xf, r, it, tx):
         """xv <- step ``it``'s vectors; elements that are not this row's are -inf (and not read)."""
         for u in T.unroll(U):
-            if whole(r, it, u, tx):
-                for v in T.vectorized(V):
-                    xv[u, v] = xf[start(r, it, u, tx) + v]
-            else:
-                for v in T.unroll(V):
-                    xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], T.Cast(dtype, neg_inf))
+            if live(it, u):
+                if whole(r, it, u, tx):
+                    for v in T.vectorized(V):
+                        xv[u, v] = xf[start(r, it, u, tx) + v]
+                else:
+                    for v in T.unroll(V):
+                        xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], T.Cast(dtype, neg_inf))
+
+    @T.macro
+    def store(yf, xv, r, it, tx):
+        """Step ``it``'s vectors <- xv, the row's elements only."""
+        for u in T.unroll(U):
+            if live(it, u):
+                if whole(r, it, u, tx):
+                    for v in T.vectorized(V):
+                        yf[start(r, it, u, tx) + v] = xv[u, v]
+                else:
+                    for v in T.unroll(V):
+                        if mine(r, it, u, tx, v):
+                            yf[start(r, it, u, tx) + v] = xv[u, v]
+
+    @T.macro
+    def combine(st):
+        """(st[0], st[1]) <- the (max, sum of exp(x - max)) of the parts (st[0], st[1]) and (st[2], st[3])."""
+        st[4] = T.max(st[0], st[2])
+        st[1] = st[1] * ex(st[0], nonzero(st[4])) + st[3] * ex(st[2], nonzero(st[4]))
+        st[0] = st[4]
 
     @T.macro
     def butterfly(st, rounds):
-        """(st[0], st[1]) <- the (max, sum of exp(x - max)) of the warp's 2^rounds-lane groups."""
+        """(st[0], st[1]) <- the (max, sum) of the warp's 2^rounds-lane groups."""
         for lg in T.unroll(rounds):
             st[2] = warp_shuffle_xor(st[0], T.shift_left(1, lg))
             st[3] = warp_shuffle_xor(st[1], T.shift_left(1, lg))
-            st[4] = T.max(st[0], st[2])
-            st[1] = st[1] * ex(st[0], nonzero(st[4])) + st[3] * ex(st[2], nonzero(st[4]))
-            st[0] = st[4]
+            combine(st)
+
+    @T.macro
+    def merge(st, red, tx):
+        """(st[0], st[1]) <- the block's (max, sum), from every thread's, in every thread."""
+        butterfly(st, 5)  # the warp's
+        if W > 1:  # the warps' pairs through shared memory, merged by every warp
+            if tx % 32 == 0:
+                red[0, tx // 32] = st[0]
+                red[1, tx // 32] = st[1]
+            T.tvm_storage_sync("shared")
+            st[0] = T.if_then_else(tx % 32 < W, red[0, tx % 32], neg_inf)
+            st[1] = T.if_then_else(tx % 32 < W, red[1, tx % 32], T.float32(0))
+            butterfly(st, 5)
+
+    @T.macro
+    def absorb(xv, ev, st, it):
+        """(st[0], st[1]) <- the online (max, sum) updated with step ``it``'s vectors in xv."""
+        st[2] = st[0]
+        for u in T.unroll(U):
+            if live(it, u):
+                for v in T.unroll(V):
+                    st[2] = T.max(st[2], T.Cast(f32, xv[u, v]))
+        st[1] = st[1] * ex(st[0], nonzero(st[2]))
+        for u in T.unroll(U):
+            if live(it, u):
+                for v in T.unroll(V):
+                    if keep_exp:
+                        ev[u, v] = ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
+                        st[1] = st[1] + ev[u, v]
+                    else:
+                        st[1] = st[1] + ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
+        st[0] = st[2]
+
+    @T.macro
+    def pass1(xv, xs, ev, st, keep, xf, r, c, tx):
+        """(st[0], st[1]) <- this thread's online (max, sum) over chunk ``c``. The first C steps go to ``keep``,
+        all of them requested at once (cp.async, one group per step), and the next step into xv registers
+        before the first is waited for: a block has all that in flight, not one step's loads at a time."""
+        st[0] = neg_inf
+        st[1] = T.float32(0)
+        if C > 0:  # (a parse-time branch: keep has no step axis without cached steps)
+            for i in T.unroll(C):
+                for u in T.unroll(U):
+                    if live(i, u):
+                        if whole(r, i, u, tx):
+                            T.ptx["cp.async.cg.shared.global"](
+                                keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, i, u, tx)]), 16, T.uint32(16))
+                        else:  # a row end: its own elements, -inf for the neighbours'
+                            for v in T.unroll(V):
+                                keep[i, u, tx, v] = T.if_then_else(
+                                    mine(r, i, u, tx, v), xf[start(r, i, u, tx) + v], T.Cast(dtype, neg_inf))
+                T.ptx.cp.async_.commit_group()
+        if C < steps:
+            load(xv, xf, r, c * steps + C, tx)
+        if C > 0:
+            for i in T.unroll(C):
+                T.ptx.cp.async_.wait_group(C - 1 - i)
+                for u in T.unroll(U):
+                    if live(i, u):
+                        for v in T.vectorized(V):
+                            xs[u, v] = keep[i, u, tx, v]
+                absorb(xs, ev, st, i)
+        for i in T.serial(C, steps):
+            it = T.meta_var(c * steps + i)
+            if i > C:
+                load(xv, xf, r, it, tx)
+            absorb(xv, ev, st, it)
+
+    @T.macro
+    def pass2(xv, ev, st, keep, xf, yf, r, c, tx):
+        """Chunk ``c`` normalised with the row's (max, sum) in (st[0], st[1]) and written; st[5]: own max."""
+        st[0] = nonzero(st[0])
+        st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
+        if keep_exp:  # exp(x - row max) / sum = exp(x - own max) * [exp(own max - row max) / sum]
+            # (a thread holding only -inf has exp 0; 0 * 1/sum stays NaN for a row of -inf)
+            st[2] = T.if_then_else(st[5] == neg_inf, T.float32(0), ex(st[5], st[0])) * st[1]
+            for u in T.unroll(U):
+                if live(0, u):
+                    for v in T.unroll(V):
+                        xv[u, v] = T.Cast(dtype, ev[u, v] * st[2])
+            store(yf, xv, r, 0, tx)
+        else:
+            for ti in T.serial(steps):  # last step first
+                i = T.meta_var(steps - 1 - ti)
+                it = T.meta_var(c * steps + i)
+                if C > 0 and i < C:
+                    for u in T.unroll(U):
+                        if live(it, u):
+                            for v in T.vectorized(V):
+                                xv[u, v] = keep[i, u, tx, v]
+                elif P > 1 or ti > 0:  # (the row's last step is still in registers from pass 1)
+                    load(xv, xf, r, it, tx)
+                for u in T.unroll(U):
+                    for v in T.unroll(V):
+                        xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
+                store(yf, xv, r, it, tx)
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
         xf = T.decl_buffer((rows * cols,), dtype, data=x.data)
         yf = T.decl_buffer((rows * cols,), dtype, data=y.data)
-        for r in T.thread_binding(rows, thread="blockIdx.x"):
+        part = T.sblock_alloc_buffer((rows * P, 2) if P > 1 else (1, 2), f32)  # chunks' (max, sum), row-major
+        if P > 1:
+            for b in T.thread_binding(rows * P, thread="blockIdx.x"):
+                for tx in T.thread_binding(L, thread="threadIdx.x"):
+                    with T.sblock("partials"):
+                        T.reads()
+                        T.writes()
+                        xv = T.alloc_buffer((U, V), dtype, scope="local")
+                        st = T.alloc_buffer((6,), f32, scope="local")
+                        red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
+                        # (a chunk has no cached steps nor kept exponentials: xv stands in for xs, ev and keep)
+                        pass1(xv, xv, xv, st, xv, xf, b // P, b % P, tx)
+                        merge(st, red, tx)
+                        if tx == 0:
+                            part[b, 0] = st[0]
+                            part[b, 1] = st[1]
+        for b in T.thread_binding(rows * P, thread="blockIdx.x"):
             for tx in T.thread_binding(L, thread="threadIdx.x"):
                 with T.sblock("softmax_stream"):
                     T.reads()
                     T.writes()
                     xv = T.alloc_buffer((U, V), dtype, scope="local")
-                    st = T.alloc_buffer((5,), f32, scope="local")  # max, sum; a peer's max, sum / a step's max; scratch
+                    xs = T.alloc_buffer((U, V) if C > 0 else (1,), dtype, scope="local")  # a cached step, from keep
+                    ev = T.alloc_buffer((U, V) if keep_exp else (1,), f32, scope="local")  # resident: exp(x - own max)
+                    # max, sum; a peer's max, sum / a step's max; scratch; the thread's own max
+                    st = T.alloc_buffer((6,), f32, scope="local")
                     red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
                     keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
-                    st[0] = neg_inf
-                    st[1] = T.float32(0)
-                    for it in T.serial(steps):  # pass 1: online (max, sum)
-                        load(it)
-                        if C > 0 and it < C:
-                            for u in T.unroll(U):
-                                for v in T.vectorized(V):
-                                    keep[it, u, tx, v] = xv[u, v]
-                        st[2] = st[0]
-                        for u in T.unroll(U):
-                            for v in T.unroll(V):
-                                st[2] = T.max(st[2], T.Cast(f32, xv[u, v]))
-                        st[1] = st[1] * ex(st[0], nonzero(st[2]))
-                        for u in T.unroll(U):
-                            for v in T.unroll(V):
-                                st[1] = st[1] + ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
-                        st[0] = st[2]
-                    butterfly(st, 5)  # the warp's (max, sum) in every lane
-                    if W > 1:  # the block's: the warps' pairs through shared memory, merged by every warp
-                        if tx % 32 == 0:
-                            red[0, tx // 32] = st[0]
-                            red[1, tx // 32] = st[1]
-                        T.tvm_storage_sync("shared")
-                        st[0] = T.if_then_else(tx % 32 < W, red[0, tx % 32], neg_inf)
-                        st[1] = T.if_then_else(tx % 32 < W, red[1, tx % 32], T.float32(0))
-                        butterfly(st, 5)
-                    st[0] = nonzero(st[0])
-                    st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
-                    for ti in T.serial(steps):  # pass 2, last step first: normalise, write
-                        it = T.meta_var(steps - 1 - ti)
-                        if C > 0 and it < C:
-                            for u in T.unroll(U):
-                                for v in T.vectorized(V):
-                                    xv[u, v] = keep[it, u, tx, v]
-                        else:
-                            load(it)
-                        for u in T.unroll(U):
-                            for v in T.unroll(V):
-                                xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
-                            if whole(r, it, u, tx):
-                                for v in T.vectorized(V):
-                                    yf[start(r, it, u, tx) + v] = xv[u, v]
-                            else:
-                                for v in T.unroll(V):
-                                    if mine(r, it, u, tx, v):
-                                        yf[start(r, it, u, tx) + v] = xv[u, v]
+                    if P > 1:  # blocks in reverse order; the row's partials taken by the threads in turn, merged
+                        # (row, chunk) of block rows * P - 1 - b, spelled without dividing a difference: in a buffer
+                        # index TVM 0.27 rewrites floordiv(14 - b, 5) as floordiv(-b, 5) + 2, dropping the remainder 4
+                        r = T.meta_var(rows - 1 - b // P)
+                        st[0] = neg_inf
+                        st[1] = T.float32(0)
+                        for k in T.serial(-(-P // L)):
+                            if k * L + tx < P:
+                                st[2] = part[r * P + k * L + tx, 0]
+                                st[3] = part[r * P + k * L + tx, 1]
+                                combine(st)
+                        merge(st, red, tx)
+                        pass2(xv, ev, st, keep, xf, yf, r, P - 1 - b % P, tx)
+                    else:
+                        pass1(xv, xs, ev, st, keep, xf, b, 0, tx)
+                        st[5] = st[0]
+                        merge(st, red, tx)
+                        pass2(xv, ev, st, keep, xf, yf, b, 0, tx)
 
     return func
 

@@ -10,6 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from onnx import TensorProto as TP
 from onnx import helper
 from tvm.script import tirx as T
@@ -20,6 +21,7 @@ from compiler import targets
 from helpers import compile_and_compare, make_model, rel_err, run_cli, save
 from schedules import softmax as S
 from schedules import softmax_tir
+from schedules.common import LOG2E, ex2
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "thread_warp_size": 32,
                           "max_shared_memory_per_block": 49152})
@@ -61,45 +63,65 @@ def _plans(cols: int, dtype: str) -> set:
     return {S.cuda_plan(rows, cols, dtype, "sm_90") for rows in CHECK_ROWS}
 
 
-def test_cuda_definitions_on_cpu(rng):
-    """The tiled CUDA definitions (padding, chunking, the partial-combine formula), unscheduled, on the CPU,
-    for the plans the GPU check's shapes get: warp and block per row, and the split (all of them)."""
-    funcs, runs, kinds = {}, [], set()
+def _ex2_as_exp2(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` with the CUDA-only ``ex2`` (inline PTX) replaced by TIR's exp2, so that it builds for the CPU."""
+
+    def rewrite(call, mutator):
+        call = mutator.default_mutate(call)
+        if call.op.name == "tirx.cuda.func_call" and call.args[0].value == "tvmpipe_ex2":
+            return tvm.tirx.op.exp2(call.args[1])
+        return call
+
+    return tvm_ffi.structural_mutate(func, [(tvm.ir.expr.Call, rewrite)])
+
+
+def test_cuda_warp_definition_on_cpu(rng):
+    """The warp kernel's tiled definition (padding, the reductions), unscheduled, on the CPU, for every plan of
+    the GPU check's shapes that takes it (the block kernel's plans are emulated below)."""
+    funcs, runs = {}, []
     for dtype in S.DTYPES:
         for cols in (*CHECK_COLS, *(c for _, c in PLAN_SHAPES)):
-            definitions = [p for p in _plans(cols, dtype) if p.cache != "l2"]  # the stream kernel: emulated below
-            kinds |= {"split" if p.chunks > 1 else "warp" if p.lanes <= 32 else "block" for p in definitions}
+            definitions = [p for p in _plans(cols, dtype) if p.cache == "local" and p.lanes <= 32]
             for i, plan in enumerate(sorted(definitions, key=repr)):
                 for kind in S.KINDS:
                     name = f"{kind}_{dtype}_{cols}_{i}"
-                    args = (7, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread)
-                    func = softmax_tir.cuda_split(*args, plan.chunks) if plan.chunks > 1 else softmax_tir.cuda_rows(*args)
-                    funcs[name] = func.with_attr("global_symbol", name)
+                    func = softmax_tir.cuda_rows(7, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread)
+                    funcs[name] = _ex2_as_exp2(func).with_attr("global_symbol", name)
                     runs.append((name, cols, dtype, kind))
+    assert {c for _, c, _, _ in runs} >= {1, 3, 31, 1023}
     exe = tvm.compile(tvm.IRModule(funcs), "llvm")
     for name, cols, dtype, kind in runs:
         x = sample(7, cols, dtype, rng)
         y = tvm.runtime.tensor(np.full_like(x, np.nan))
         exe[name](tvm.runtime.tensor(x), y)
         assert mismatches(y.numpy(), x, kind)[0] == 0, name
-    assert kinds == {"split", "warp", "block"}
 
 
-# The stream kernel (odd-length and long rows), emulated: several steps per row, rows starting mid-vector,
-# a tensor ending mid-vector (5 x 1023), blocks of one and of several warps, on rows holding the special values;
-# none, some or all of a row's steps (and more than it has) kept in shared memory.
-STREAM_CASES = [(4, 1025, "float32", 64, 2, 0), (4, 1025, "float32", 64, 2, 1), (5, 1023, "float16", 32, 1, 2),
-                (12, 50, "float32", 32, 4, 5), (3, 4096, "float16", 96, 2, 0), (3, 3000, "float32", 64, 1, 3)]
+# The block kernel, emulated (rows, cols, dtype, lanes, per_thread, cached, chunks):
+# - streaming, several steps per row: rows starting mid-vector, a tensor ending mid-vector (5 x 1023), blocks of
+#   one and of several warps; none, some or all of a row's steps (and more than it has) kept in shared memory;
+#   a last step whose later vector groups lie wholly past the row (2560 = 320 vectors: 256 + 64);
+# - resident (one step): a row within one step, exactly one step, ending mid-vector, groups wholly past it (300);
+# - split into chunks: a last chunk wholly past the row (4096 in 5), more chunks than threads (40 > 32, merged in
+#   two turns), rows ending mid-vector;
+# on rows holding the special values.
+STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
+                (12, 50, "float32", 32, 4, 5, 1), (3, 4096, "float16", 96, 2, 0, 1), (3, 3000, "float32", 64, 1, 3, 1),
+                (3, 2560, "float16", 64, 4, 1, 1),
+                (5, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
+                (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (3, 1025, "float16", 64, 2, 0, 3)]
 
 
-@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached", STREAM_CASES)
+@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached, chunks", STREAM_CASES)
 @pytest.mark.parametrize("kind", S.KINDS)
-def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, kind):
+def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, chunks, kind):
     vec = 16 // np.dtype(dtype).itemsize
-    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached)
+    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks)
     func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
+    if chunks > 1:  # the chunks' partials (a workspace the host allocates)
+        arrays["part"] = np.full((rows * chunks, 2), np.nan, np.float32)
     cuda_emu.run(func, targets.resolve("cuda-sm90").target, arrays)
     bad, err = mismatches(arrays["yf"], x, kind)
     assert bad == 0, f"{bad} elements off (max err {err:.2e})"
@@ -108,8 +130,9 @@ def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, 
 def test_cuda_stream_plan_choice():
     """Rows breaking 16-byte alignment, too long for one block's registers or needing a block of more than 512
     threads stream, in 16-byte vectors: two blocks per SM, each caching up to 110 KB of its row; where there are
-    no more rows than SMs, one block per SM with up to 1024 threads and twice the cache."""
-    for rows, cols, dtype, lanes in ((4096, 50257, "float32", 512), (4096, 50257, "float16", 512),
+    no more rows than SMs, or where only that holds the row on chip (201 KB), one block per SM with up to 1024
+    threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks."""
+    for rows, cols, dtype, lanes in ((4096, 50257, "float32", 1024), (4096, 50257, "float16", 512),
                                      (257, 131073, "float32", 512), (133, 16385, "float32", 512),
                                      (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
                                      (128, 131072, "float32", 1024), (132, 16385, "float32", 1024)):
@@ -118,9 +141,13 @@ def test_cuda_stream_plan_choice():
             (rows, cols, dtype, plan)
         shared = plan.cached * plan.lanes * plan.per_thread * 16
         assert 0 < shared <= (220 << 10 if lanes == 1024 else 110 << 10), plan
-    for rows, cols, dtype in ((4096, 4096, "float32"), (1024, 16384, "float16"), (16, 1 << 20, "float32"),
-                              (65, 131072, "float16")):
-        assert S.cuda_plan(rows, cols, dtype, "sm_90").cache != "l2", (rows, cols, dtype)
+    for rows, cols, dtype in ((4096, 4096, "float32"), (1024, 16384, "float16"), (7, 1025, "float32")):
+        plan = S.cuda_plan(rows, cols, dtype, "sm_90")
+        assert plan.cache == "local" and plan.lanes > 32 and plan.chunks == 1, (rows, cols, dtype, plan)
+        assert plan.lanes * plan.per_thread >= softmax_tir.stream_vectors(cols, plan.vec), plan  # one step
+    for rows, cols, dtype in ((16, 1 << 20, "float32"), (65, 131072, "float16"), (1, 1 << 20, "float32")):
+        plan = S.cuda_plan(rows, cols, dtype, "sm_90")
+        assert plan.chunks * rows >= 4 * 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, dtype, plan)
 
 
 @pytest.mark.parametrize(
@@ -129,23 +156,28 @@ def test_cuda_stream_plan_choice():
      (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
-    """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, one read of the input."""
+    """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, the bare ex2 for every exponential,
+    no division per element, one read of the input per kernel."""
     plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-    assert (plan.chunks > 1, plan.lanes <= 32, plan.cache) == (regime == "split", regime == "warp", "local")
+    assert (plan.chunks > 1, plan.lanes <= 32) == (regime == "split", regime == "warp")
     src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
     kernels = src.count("__global__") // 2  # declaration + definition
     assert kernels == (2 if regime == "split" else 1)
-    assert "__shfl_down_sync" in src
+    assert ("__shfl_down_sync" if regime == "warp" else "__shfl_xor_sync") in src
+    assert "tvmpipe_ex2(" in src and "exp2f(" not in src and "expf(" not in src
+    if regime != "warp":  # (the warp kernel's per-element 1 / sum reads a register: nvcc computes it once)
+        assert src.count("/*1.000000e+00*/ /") == 1  # 1 / sum once per thread, not per element
     vector = "float4" if dtype == "float32" else "uint4"
-    if cols % (16 // np.dtype(dtype).itemsize) == 0:
-        assert f"*({vector}*)(x_ptr" in src and f"*({vector}*)(y_ptr" in src
-    assert "extern __shared__" not in src
-    # The row is loaded once (twice across the two kernels of the split schedule): count x_ptr loads.
-    assert src.count("x_ptr + ") + src.count("x_ptr[") == kernels * plan.per_thread
+    x, y = ("x", "y") if regime == "warp" else ("xf", "yf")  # (the block kernel's flat views)
+    assert f"*({vector}*)({x}_ptr" in src and f"*({vector}*)({y}_ptr" in src
+    if regime == "warp":  # the row is loaded once: count x_ptr loads
+        assert "extern __shared__" not in src
+        assert src.count("x_ptr + ") + src.count("x_ptr[") == plan.per_thread
 
 
 # DLight-style Before/After: the canonical kernel of a 64 x 128 float32 softmax and its warp schedule
-# (8 lanes per row, 4 float4 per lane, 32 rows per 256-thread block, exp(x - max) kept in registers).
+# (8 lanes per row, 4 float4 per lane, 32 rows per 256-thread block, exp(x - max) kept in registers, through the
+# bare ex2 instruction).
 @T.prim_func(s_tir=True)
 def _after(x: T.Buffer((64, 128), "float32"), y: T.Buffer((64, 128), "float32")):
     T.func_attr({"tirx.noalias": True, "tvmpipe.kernel": "softmax"})
@@ -189,7 +221,8 @@ def _after(x: T.Buffer((64, 128), "float32"), y: T.Buffer((64, 128), "float32"))
                                 vj, vl, vv = T.axis.remap("SSS", [ax1, ax2, ax3])
                                 T.reads(xc_local[vr, vj, vl, vv], row_max_local[vr])
                                 T.writes(ec_local[vr, vj, vl, vv])
-                                ec_local[vr, vj, vl, vv] = T.exp(T.Cast("float32", xc_local[vr, vj, vl, vv]) - row_max_local[vr])
+                                ec_local[vr, vj, vl, vv] = ex2(
+                                    (T.Cast("float32", xc_local[vr, vj, vl, vv]) - row_max_local[vr]) * T.float32(LOG2E))
             for ax0 in range(1):
                 for ax2 in T.thread_binding(8, thread="threadIdx.x"):
                     for ax1 in T.unroll(4):
