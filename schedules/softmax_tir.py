@@ -190,29 +190,23 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         return T.Cast(dtype, ex(value, stat[0]) * stat[1])
 
     @T.macro
-    def load(xv, xf, r, it, tx):
-        """xv <- step ``it``'s vectors; elements that are not this row's are -inf (and not read)."""
+    def move(xv, flat, r, it, tx, load):
+        """Step ``it``'s vectors between the flat tensor and xv: ``load``: xv <- x, elements that are not this row's
+        -inf (and not read); else y <- xv, the row's elements only."""
         for u in T.unroll(U):
             if live(it, u):
                 if whole(r, it, u, tx):
                     for v in T.vectorized(V):
-                        xv[u, v] = xf[start(r, it, u, tx) + v]
+                        if load:
+                            xv[u, v] = flat[start(r, it, u, tx) + v]
+                        else:
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
                 else:
                     for v in T.unroll(V):
-                        xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], T.Cast(dtype, neg_inf))
-
-    @T.macro
-    def store(yf, xv, r, it, tx):
-        """Step ``it``'s vectors <- xv, the row's elements only."""
-        for u in T.unroll(U):
-            if live(it, u):
-                if whole(r, it, u, tx):
-                    for v in T.vectorized(V):
-                        yf[start(r, it, u, tx) + v] = xv[u, v]
-                else:
-                    for v in T.unroll(V):
-                        if mine(r, it, u, tx, v):
-                            yf[start(r, it, u, tx) + v] = xv[u, v]
+                        if load:
+                            xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), flat[start(r, it, u, tx) + v], T.Cast(dtype, neg_inf))
+                        elif mine(r, it, u, tx, v):
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
 
     @T.macro
     def combine(st):
@@ -281,7 +275,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                     mine(r, i, u, tx, v), xf[start(r, i, u, tx) + v], T.Cast(dtype, neg_inf))
                 T.ptx.cp.async_.commit_group()
         if C < steps:
-            load(xv, xf, r, c * steps + C, tx)
+            move(xv, xf, r, c * steps + C, tx, True)
         if C > 0:
             for i in T.unroll(C):
                 T.ptx.cp.async_.wait_group(C - 1 - i)
@@ -293,7 +287,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         for i in T.serial(C, steps):
             it = T.meta_var(c * steps + i)
             if i > C:
-                load(xv, xf, r, it, tx)
+                move(xv, xf, r, it, tx, True)
             absorb(xv, ev, st, it)
 
     @T.macro
@@ -308,7 +302,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 if live(0, u):
                     for v in T.unroll(V):
                         xv[u, v] = T.Cast(dtype, ev[u, v] * st[2])
-            store(yf, xv, r, 0, tx)
+            move(xv, yf, r, 0, tx, False)
         else:
             for ti in T.serial(steps):  # last step first
                 i = T.meta_var(steps - 1 - ti)
@@ -319,11 +313,11 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             for v in T.vectorized(V):
                                 xv[u, v] = keep[i, u, tx, v]
                 elif P > 1 or ti > 0:  # (the row's last step is still in registers from pass 1)
-                    load(xv, xf, r, it, tx)
+                    move(xv, xf, r, it, tx, True)
                 for u in T.unroll(U):
                     for v in T.unroll(V):
                         xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
-                store(yf, xv, r, it, tx)
+                move(xv, yf, r, it, tx, False)
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
