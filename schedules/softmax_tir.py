@@ -29,6 +29,14 @@ from .common import LOG2E, ex2, warp_shuffle_xor
 ACC = "float32"
 
 
+def _neg_inf(dtype: str):
+    """-inf in ``dtype`` (bfloat16: by its bits, as TVM 0.27 prints a bfloat16 -inf constant as ``-inff``, which CUDA
+    does not know)."""
+    if dtype == "bfloat16":
+        return T.reinterpret("bfloat16", T.uint16(0xFF80))
+    return T.Cast(dtype, T.float32("-inf"))
+
+
 def _normalized(kind: str, x, row_max, row_sum):
     """One output element (float32) from the float32 input value and the row's statistics."""
     if kind == "log_softmax":
@@ -86,7 +94,7 @@ def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int,
             with T.sblock("load"):
                 vr, vj, vl, vv = T.axis.remap("SSSS", [r, j, l, v])
                 xc[vr, vj, vl, vv] = T.if_then_else(
-                    vj * L + vl < nvec, x[vr, (vj * L + vl) * V + vv], T.Cast(dtype, T.float32("-inf"))
+                    vj * L + vl < nvec, x[vr, (vj * L + vl) * V + vv], _neg_inf(dtype)
                 )
         for r, j, l, v in T.grid(rows, J, L, V):
             with T.sblock("row_max"):
@@ -204,7 +212,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 else:
                     for v in T.unroll(V):
                         if load:
-                            xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), flat[start(r, it, u, tx) + v], T.Cast(dtype, neg_inf))
+                            xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), flat[start(r, it, u, tx) + v], _neg_inf(dtype))
                         elif mine(r, it, u, tx, v):
                             flat[start(r, it, u, tx) + v] = xv[u, v]
 
@@ -272,7 +280,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                         else:  # a row end: its own elements, -inf for the neighbours'
                             for v in T.unroll(V):
                                 keep[i, u, tx, v] = T.if_then_else(
-                                    mine(r, i, u, tx, v), xf[start(r, i, u, tx) + v], T.Cast(dtype, neg_inf))
+                                    mine(r, i, u, tx, v), xf[start(r, i, u, tx) + v], _neg_inf(dtype))
                 T.ptx.cp.async_.commit_group()
         if C < steps:
             move(xv, xf, r, c * steps + C, tx, True)

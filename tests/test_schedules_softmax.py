@@ -29,7 +29,7 @@ CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_bloc
 
 def _cases(rows: int, names=("tvmpipe",)) -> list[dict]:
     cases = [{"impl": impl, "kind": k, "dtype": d, "rows": rows, "cols": c}
-             for impl in names for k in S.KINDS for d in S.DTYPES for c in CHECK_COLS]
+             for impl in names for k in S.KINDS for d in S.CPU_DTYPES for c in CHECK_COLS]
     for c in cases:
         c["name"] = f"{c['impl']}_{c['kind']}_{c['dtype']}_{c['cols']}"
     return cases
@@ -47,6 +47,18 @@ def test_cpu_numerics_odd_sizes_and_special_values(rng):
         exe[case["name"]](tvm.runtime.tensor(x), y)
         bad, err = mismatches(y.numpy(), x, case["kind"])
         assert bad == 0, f"{case['name']}: {bad} elements off (max err {err:.2e})"
+
+
+def test_bfloat16_kernels_on_cuda_only(rng):
+    """bfloat16 softmax is ours on CUDA (the float32 math of the others) and TVM's own lowering on the CPU."""
+    cases = [{"impl": "tvmpipe", "kind": "softmax", "dtype": "bfloat16", "rows": 3, "cols": 33, "name": "bf16"}]
+    for target, schedule in (("cuda-sm90", "hand:Softmax"), ("cpu", "default")):
+        exe, _ = compile_cases(cases, target)
+        assert cases[0]["schedule"] == schedule, (target, cases[0]["schedule"])
+    x = sample(3, 33, "bfloat16", rng)  # the CPU build: TVM's kernel, checked like ours
+    y = tvm.runtime.tensor(np.full_like(x, np.nan))
+    exe["bf16"](tvm.runtime.tensor(x), y)
+    assert mismatches(y.numpy(), x, "softmax")[0] == 0
 
 
 def test_special_value_semantics():
@@ -104,12 +116,14 @@ def test_cuda_warp_definition_on_cpu(rng):
 # - resident (one step): a row within one step, exactly one step, ending mid-vector, groups wholly past it (300);
 # - split into chunks: a last chunk wholly past the row (4096 in 5), more chunks than threads (40 > 32, merged in
 #   two turns), rows ending mid-vector;
+# - bfloat16 resident, streamed and split;
 # on rows holding the special values.
 STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
                 (12, 50, "float32", 32, 4, 5, 1), (3, 4096, "float16", 96, 2, 0, 1), (3, 3000, "float32", 64, 1, 3, 1),
                 (3, 2560, "float16", 64, 4, 1, 1),
                 (5, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
-                (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (3, 1025, "float16", 64, 2, 0, 3)]
+                (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (3, 1025, "float16", 64, 2, 0, 3),
+                (4, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
 
 
 @pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached, chunks", STREAM_CASES)
@@ -152,7 +166,8 @@ def test_cuda_stream_plan_choice():
 
 @pytest.mark.parametrize(
     "rows, cols, dtype, regime",
-    [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 4096, "float32", "block"),
+    [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 1024, "bfloat16", "warp"),
+     (4096, 4096, "float32", "block"), (512, 4096, "bfloat16", "block"),
      (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
@@ -291,15 +306,17 @@ def test_cli_any_axis_log_softmax_and_default_schedules(capsys, tmp_path, rng):
 
 def test_cuda_package_builds_every_regime(capsys, tmp_path):
     """``tvmpipe compile --target cuda-sm90`` of softmaxes of every regime and both dtypes: NVRTC accepts the
-    module (float32 and float16 stream kernels, each with shared memory, side by side) and all of them are ours."""
+    module (float32, float16 and bfloat16 stream kernels, each with shared memory, side by side) and all of them
+    are ours."""
     shapes = {"a": (4096, 1024, TP.FLOAT), "b": (4096, 4096, TP.FLOAT16), "c": (4096, 50257, TP.FLOAT),
-              "d": (4096, 50257, TP.FLOAT16), "e": (16, 1 << 20, TP.FLOAT16)}
+              "d": (4096, 50257, TP.FLOAT16), "e": (16, 1 << 20, TP.FLOAT16), "f": (4096, 50257, TP.BFLOAT16),
+              "g": (64, 1000, TP.BFLOAT16)}
     nodes = [helper.make_node("Softmax", [n], [n + "_y"], axis=-1) for n in shapes]
     model = make_model(nodes, [(n, t, [r, c]) for n, (r, c, t) in shapes.items()],
                        [(n + "_y", t, [r, c]) for n, (r, c, t) in shapes.items()])
     r = run_cli(capsys, "compile", save(model, tmp_path / "m.onnx"), "--target", "cuda-sm90", "-o", tmp_path / "m.tvmpkg")
     assert r.code == 0, r.err
-    assert "5 kernels" in r.out and "cubin" in r.out
+    assert "7 kernels" in r.out and "cubin" in r.out
     with zipfile.ZipFile(tmp_path / "m.tvmpkg") as zf:
         assert set(json.loads(zf.read("manifest.json"))["kernels"].values()) == {"hand:Softmax"}
 
