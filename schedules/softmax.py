@@ -3,10 +3,10 @@
 ``legalize_softmax`` / ``legalize_log_softmax`` (``schedules.LEGALIZE``) move the softmax axis last,
 view the tensor as ``rows x cols`` and call ``softmax_tir.canonical``, marked ``tvmpipe.kernel`` and
 opaque so that FuseOps keeps it whole. ``Softmax`` (``schedules.RULES``) recognises that PrimFunc and
-schedules it, choosing by row length and dtype:
+schedules it (float32, float16 or bfloat16), choosing by row length and dtype:
 
-CUDA (float32, float16 and bfloat16; ``CudaPlan``; 128-bit vectors where the row length allows, float32
-accumulation, exponentials on the bare ``ex2.approx.ftz`` instruction):
+CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumulation, exponentials on the bare
+``ex2.approx.ftz`` instruction):
 - short rows: ``lanes`` <= 32 threads (part of a warp) per row, several rows per block, row in registers,
   warp-shuffle reductions (``softmax_tir.cuda_rows``, a definition scheduled here);
 - longer rows: one block per row, the block kernel ``softmax_tir.cuda_stream`` (hand-written CUDA-level TIR,
@@ -23,7 +23,7 @@ accumulation, exponentials on the bare ``ex2.approx.ftz`` instruction):
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
-CPU (float32, float16): parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
+CPU: parallel over rows; per row a vectorised max pass, sum-of-exp pass and normalise pass, so the row is
 read from memory once while it fits in cache; the exp pass prefetches the next row.
 """
 
@@ -39,13 +39,10 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from . import softmax_tir
-from .common import SMS, compiling_for_cpu
+from .common import SMS
 
 KINDS = ("softmax", "log_softmax")
 DTYPES = ("float32", "float16", "bfloat16")
-# bfloat16 on the CPU keeps TVM's own lowering: the CPU kernel (softmax_tir.cpu) gives wrong numbers for it (its
-# exp's bit arithmetic does not survive TVM's bfloat16 legalisation; not investigated further)
-CPU_DTYPES = ("float32", "float16")
 KERNEL_ATTR = "tvmpipe.kernel"
 _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kernel
 
@@ -68,9 +65,8 @@ def _legalize(kind: str):
         ty = call.args[0].ty
         dtype = str(ty.dtype.dtype) if ty.dtype is not None else ""
         shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in getattr(ty.shape, "values", None) or []]
-        if (dtype not in (CPU_DTYPES if compiling_for_cpu() else DTYPES) or not shape or None in shape
-                or not 0 < math.prod(shape) < 2**31):
-            # TVM's own lowering: float64, bfloat16 on the CPU, dynamic shapes, empty or int64-indexed tensors
+        if dtype not in DTYPES or not shape or None in shape or not 0 < math.prod(shape) < 2**31:
+            # TVM's own lowering: float64, dynamic shapes, empty or int64-indexed tensors
             return call.op.get_attr("FLegalize")(bb, call)
         ndim = len(shape)
         axis = int(call.attrs.axis) % ndim
@@ -260,6 +256,6 @@ class Softmax(ScheduleRule):
             return None
         if target.kind.name == "cuda":
             return schedule_cuda(*found, cuda_plan(*found[:3], str(target.attrs.get("arch", ""))))
-        if target.kind.name == "llvm" and found[2] in CPU_DTYPES:
+        if target.kind.name == "llvm":
             return schedule_cpu(*found, target)
         return None

@@ -426,6 +426,15 @@ def _add(a, b):
     return a + b
 
 
+def _f32(value, dtype: str):
+    """A CPU kernel's input element (of ``dtype``) in float32; bfloat16 by its bits: TVM 0.27's bfloat16
+    legalisation does not rewrite a cast inside a Let (``vexp``'s argument), which then converts the raw 16 bits as
+    an integer."""
+    if dtype == "bfloat16":
+        return T.reinterpret(ACC, T.shift_left(T.Cast("uint32", T.reinterpret("uint16", value)), T.uint32(16)))
+    return T.Cast(ACC, value)
+
+
 def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool = False, scratch: bool = False):
     """One block per row (the schedule runs rows in parallel): three passes over the row while it is in
     cache, a ``lanes``-wide running max, ``exp(x - max)`` with a running sum, and the scaling.
@@ -453,12 +462,12 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
         """exp(x[r, k] - row max): kept in y or e, or computed."""
         if keep:
             return y[r, k] if in_y else e[k]
-        return vexp(T.Cast(ACC, x[r, k]) - stat[0])
+        return vexp(_f32(x[r, k], dtype) - stat[0])
 
     def value(x, y, e, r, k, stat):
         """Output element k of row r, with stat = (row max, 1 / row sum or log row sum)."""
         if kind == "log_softmax":
-            return T.Cast(dtype, T.Cast(ACC, x[r, k]) - stat[0] - stat[1])
+            return T.Cast(dtype, _f32(x[r, k], dtype) - stat[0] - stat[1])
         return T.Cast(dtype, exp_of(x, y, e, r, k, stat) * stat[1])
 
     @T.prim_func(s_tir=True)
@@ -476,9 +485,9 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                     acc[l] = T.min_value(ACC)
                 for ko in range(full):
                     for l in T.vectorized(lanes):
-                        acc[l] = T.max(acc[l], T.Cast(ACC, x[vr, ko * lanes + l]))
+                        acc[l] = T.max(acc[l], _f32(x[vr, ko * lanes + l], dtype))
                 for t in range(tail):
-                    acc[t] = T.max(acc[t], T.Cast(ACC, x[vr, full * lanes + t]))
+                    acc[t] = T.max(acc[t], _f32(x[vr, full * lanes + t], dtype))
                 _fold(acc, h0, T.max)
                 _fold(acc, h1, T.max)
                 _fold(acc, h2, T.max)
@@ -493,15 +502,15 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                         T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch", nxt(x, vr, ko * lanes), 0, 3, 1))
                     for l in T.vectorized(lanes):
                         if keep and in_y:
-                            y[vr, ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
+                            y[vr, ko * lanes + l] = vexp(_f32(x[vr, ko * lanes + l], dtype) - stat[0])
                         if keep and not in_y:
-                            e[ko * lanes + l] = vexp(T.Cast(ACC, x[vr, ko * lanes + l]) - stat[0])
+                            e[ko * lanes + l] = vexp(_f32(x[vr, ko * lanes + l], dtype) - stat[0])
                         acc[l] = acc[l] + exp_of(x, y, e, vr, ko * lanes + l, stat)
                 for t in range(tail):
                     if keep and in_y:
-                        y[vr, full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
+                        y[vr, full * lanes + t] = vexp(_f32(x[vr, full * lanes + t], dtype) - stat[0])
                     if keep and not in_y:
-                        e[full * lanes + t] = vexp(T.Cast(ACC, x[vr, full * lanes + t]) - stat[0])
+                        e[full * lanes + t] = vexp(_f32(x[vr, full * lanes + t], dtype) - stat[0])
                     acc[t] = acc[t] + exp_of(x, y, e, vr, full * lanes + t, stat)
                 _fold(acc, h0, _add)
                 _fold(acc, h1, _add)
