@@ -144,9 +144,9 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       thread keeps exp(x - its own max), so each element is exponentiated once and pass 2 is one multiply by
       exp(own max - row max) / sum.
     - Longer rows stream: pass 2 reads the row again, last step first, so memory sees one read and one write:
-      the last step is still in registers, the first ``cached`` steps are also kept in shared memory, each
-      thread's own vectors (read back by the thread that wrote them: no barrier), the rest comes from L2, where
-      pass 1 read it last. With little state per thread, two blocks share an SM: one's reductions overlap the
+      the last step is still in registers, the first ``cached`` steps are also kept in shared memory (pass 1
+      requests them all at once with cp.async), each thread's own vectors (read back by the thread that wrote
+      them: no barrier), the rest comes from L2, where pass 1 read it last. With little state per thread, two blocks share an SM: one's reductions overlap the
       other's loads.
     - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): two kernels. The first writes each chunk's
       (max, sum) partial; the second merges its row's partials like the block merges its threads', then does
