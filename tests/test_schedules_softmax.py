@@ -101,7 +101,8 @@ def test_cuda_warp_definition_on_cpu(rng):
 # - streaming, several steps per row: rows starting mid-vector, a tensor ending mid-vector (5 x 1023), blocks of
 #   one and of several warps; none, some or all of a row's steps (and more than it has) kept in shared memory;
 #   a last step whose later vector groups lie wholly past the row (2560 = 320 vectors: 256 + 64);
-# - resident (one step): a row within one step, exactly one step, ending mid-vector, groups wholly past it (300);
+# - resident (one step): a row within one step, exactly one step, ending mid-vector, groups wholly past it (300),
+#   and (8 and 7 rows) the rows of -inf and of NaN, which its per-thread exp factor must keep NaN;
 # - split into chunks: a last chunk wholly past the row (4096 in 5), more chunks than threads (40 > 32, merged in
 #   two turns), rows ending mid-vector;
 # - bfloat16 resident, streamed and split;
@@ -109,9 +110,9 @@ def test_cuda_warp_definition_on_cpu(rng):
 STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
                 (12, 50, "float32", 32, 4, 5, 1), (3, 4096, "float16", 96, 2, 0, 1), (3, 3000, "float32", 64, 1, 3, 1),
                 (3, 2560, "float16", 64, 4, 1, 1),
-                (5, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
+                (8, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
                 (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (3, 1025, "float16", 64, 2, 0, 3),
-                (4, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
+                (7, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
 
 
 @pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached, chunks", STREAM_CASES)
