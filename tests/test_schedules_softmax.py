@@ -104,14 +104,14 @@ def test_cuda_warp_definition_on_cpu(rng):
 # - resident (one step): a row within one step, exactly one step, ending mid-vector, groups wholly past it (300),
 #   and (8 and 7 rows) the rows of -inf and of NaN, which its per-thread exp factor must keep NaN;
 # - split into chunks: a last chunk wholly past the row (4096 in 5), more chunks than threads (40 > 32, merged in
-#   two turns), rows ending mid-vector;
+#   two turns), rows ending mid-vector, the rows of -inf and NaN (7 rows);
 # - bfloat16 resident, streamed and split;
 # on rows holding the special values.
 STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
                 (12, 50, "float32", 32, 4, 5, 1), (3, 4096, "float16", 96, 2, 0, 1), (3, 3000, "float32", 64, 1, 3, 1),
                 (3, 2560, "float16", 64, 4, 1, 1),
                 (8, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
-                (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (3, 1025, "float16", 64, 2, 0, 3),
+                (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (7, 1025, "float16", 64, 2, 0, 3),
                 (7, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
 
 
