@@ -313,7 +313,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
                 for record, ms_rounds in zip(shape_records, rounds[1:]):
                     ms = statistics.median(ms_rounds)
                     record.update(ms=ms, tbps=nbytes / ms / 1e9, copy_tbps=copy_tbps, ms_rounds=ms_rounds)
-                    (records if record["impl"] in ("tvmpipe", "dlight", "torch", "seed-naive") else variants).append(record)
+                    (variants if record["impl"] in impl_names.values() else records).append(record)
                     print(f"{record['impl']:>16} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
                           f"(copy {copy_tbps:.2f}) err {record['max_err']:.1e} {record['schedule']}", flush=True)
                 del x, y, ref, timed, fns

@@ -173,7 +173,7 @@ def _schedule(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:
 
 
 def _thread_slice(sch: s_tir.Schedule, block, plan: CudaPlan, vectorize: bool) -> None:
-    """Loops (j, l, v) of a block computed at the row/chunk level: l -> threadIdx.x, j unrolled, v
+    """Loops (j, l, v) of a block computed at the row level: l -> threadIdx.x, j unrolled, v
     vectorised (loads) or unrolled (reductions, which need the thread loop outermost)."""
     j, lane, v = sch.get_loops(block)[-3:]
     sch.reorder(*((j, lane, v) if plan.per_thread == 1 else (lane, j, v)))
