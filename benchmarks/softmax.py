@@ -18,6 +18,7 @@ On the GPU each implementation is timed in ``ROUNDS`` rounds interleaved with th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -45,9 +46,12 @@ VARIANTS = [
     # a 1024-thread block per row holding the row in registers, instead of two 512-thread blocks per SM streaming
     (1024, 32768, "float32", {"lanes": 1024, "vec": 4, "per_thread": 8}),
     (1024, 32768, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4}),
-    # the row split over 8 blocks (two kernels) instead of one 1024-thread block per row
-    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 8, "cache": "l2", "chunks": 8}),
-    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 8}),
+    # the row split over two 512-thread blocks (two per SM, exchanging partials) instead of one 1024-thread block
+    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3}),
+    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3}),
+    # the same for the split rows: 16 chunks of 512 threads, two per SM, instead of 8 of 1024 threads
+    (16, 1 << 20, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 16, "cached": 3}),
+    (16, 1 << 20, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 16, "cached": 3}),
     # no shared-memory cache: pass 2 re-reads all but the last step from L2
     (4096, 50257, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2"}),
     (4096, 50257, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2"}),
@@ -55,6 +59,14 @@ VARIANTS = [
     (4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
     (4096, 50257, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 1}),
 ]
+# Few long rows (a language model's next-token softmax over its vocabulary, batch 1 or 8): timed like GPU_SHAPES,
+# beside one block per row and the split into other chunk counts (as many blocks as SMs; 64 KB chunks), all recorded
+# in the variants file (not the issue's table), to place the split by.
+FEW_ROWS_SHAPES = [(1, 50257), (1, 128256), (8, 128256), (1, 262144)]
+FEW_ROWS_CHUNK_BYTES = (None, 64 << 10)
+# Checked on the GPU only: a split whose blocks cannot all be resident (384 of 1024 threads), so that the first ones
+# wait in vain and take the fallback (each reads its whole row).
+OVERSUBSCRIBED = (16, 1 << 20, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 24})
 ROUNDS = 5  # GPU timing: rounds per implementation, interleaved (see run)
 # Normwise tolerance of a timed output: max |y - ref| / max |ref|.
 BENCH_TOL = {"float32": 2e-5, "float16": 2e-3}
@@ -187,6 +199,21 @@ def _name(impl: str, kind: str, dtype: str, rows: int, cols: int) -> str:
     return f"{impl}_{kind}_{dtype}_{rows}x{cols}"
 
 
+def _few_rows_variants() -> list[tuple]:
+    """FEW_ROWS_SHAPES in one block per row, and split into FEW_ROWS_CHUNK_BYTES-sized chunks (None: as many blocks as
+    SMs) where that is not the rule's plan."""
+    from schedules.common import SMS
+    from schedules.softmax import cuda_plan, split_plan
+
+    sms, variants = SMS["sm_90"], []
+    for (r, c), dt in ((shape, dt) for shape in FEW_ROWS_SHAPES for dt in DTYPES):
+        chosen = cuda_plan(r, c, dt, "sm_90")
+        counts = {min(sms // r, -(-c * np.dtype(dt).itemsize // b)) if b else sms // r for b in FEW_ROWS_CHUNK_BYTES}
+        plans = [cuda_plan(r, c, dt, "sm_90", split=False)] + [split_plan(r, c, dt, sms, k) for k in sorted(counts) if k > 1]
+        variants += [(r, c, dt, dataclasses.asdict(p)) for p in plans if p != chosen]
+    return variants
+
+
 def build(out: Path) -> None:
     from compiler.build import Built
 
@@ -197,8 +224,11 @@ def build(out: Path) -> None:
         {"impl": "tvmpipe", "kind": kind, "dtype": dt, "rows": r, "cols": c, "check": True}
         for kind in KINDS for dt in CHECK_DTYPES for r, c in [(r, c) for r in CHECK_ROWS for c in CHECK_COLS] + list(PLAN_SHAPES)
     ] + [
-        {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False, "variant": plan}
-        for r, c, dt, plan in VARIANTS
+        {"impl": "tvmpipe", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": False}
+        for r, c in FEW_ROWS_SHAPES for dt in DTYPES
+    ] + [
+        {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": check, "variant": plan}
+        for (r, c, dt, plan), check in [(v, False) for v in VARIANTS + _few_rows_variants()] + [(OVERSUBSCRIBED, True)]
     ]
     for i, case in enumerate(cases):
         case["name"] = _name(case["impl"], case["kind"], case["dtype"], case["rows"], case["cols"])
@@ -278,7 +308,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
     impl_names = {"variant": "tvmpipe-variant", "baseline": "tvmpipe-baseline"}
     records, variants, checks = [], [], []
     with tvm_ffi.use_torch_stream():
-        for rows, cols in GPU_SHAPES:
+        for rows, cols in GPU_SHAPES + FEW_ROWS_SHAPES:
             for dt in DTYPES:
                 x = torch.randn(rows, cols, dtype=tdt[dt], device="cuda") * 4
                 y = torch.empty_like(x)
@@ -313,7 +343,8 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
                 for record, ms_rounds in zip(shape_records, rounds[1:]):
                     ms = statistics.median(ms_rounds)
                     record.update(ms=ms, tbps=nbytes / ms / 1e9, copy_tbps=copy_tbps, ms_rounds=ms_rounds)
-                    (variants if record["impl"] in impl_names.values() else records).append(record)
+                    few = (rows, cols) in FEW_ROWS_SHAPES  # (recorded as variants: not the issue's table)
+                    (variants if record["impl"] in impl_names.values() or few else records).append(record)
                     print(f"{record['impl']:>16} {dt} {rows}x{cols}: {ms:.4f} ms {record['tbps']:.2f} TB/s "
                           f"(copy {copy_tbps:.2f}) err {record['max_err']:.1e} {record['schedule']}", flush=True)
                 del x, y, ref, timed, fns

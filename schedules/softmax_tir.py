@@ -77,6 +77,63 @@ def canonical(rows: int, cols: int, dtype: str, kind: str):
     return func
 
 
+# The split's rendezvous: the blocks of a row, all resident (the plan keeps rows x chunks <= SMs), exchange partials
+# through slots in static device memory of their kernel (zeroed when the module loads, written by nobody else). A
+# block publishes its (max, sum) tagged with the launch's epoch (launches counted by their blocks' arrivals on a
+# static counter: CUDA graph replays too, whose %gridid repeats) and reads its row's others like a seqlock (tag,
+# data, tag again), so a slot of another launch of the kernel, even on another stream, cannot pass for this one's.
+# Waiting ends after SPLIT_WAIT_NS: the block then reads its whole row itself.
+SPLIT_WAIT_NS = 200_000
+_SPLIT_SRC = r"""
+#ifndef TVMPIPE_SPLIT_ID
+#define TVMPIPE_SPLIT_ID
+__device__ unsigned long long tvmpipe_split_ID_count;
+__device__ unsigned long long tvmpipe_split_ID_slots[2 * BLOCKS];  // per block: (max, sum) bits, tag
+__forceinline__ __device__ unsigned long long tvmpipe_split_ID_tag(unsigned long long epoch) {
+  return (epoch + 1ull) * 0x9E3779B97F4A7C15ull | 1ull;  // never 0, the tag of a slot being written
+}
+// This launch's epoch (each of its blocks arrives once).
+__forceinline__ __device__ unsigned long long tvmpipe_split_ID_arrive() {
+  return atomicAdd(&tvmpipe_split_ID_count, 1ull) / BLOCKSull;
+}
+// Block b's (max, sum) for launch ``epoch``: tag 0, data, tag, each store ordered after the one before.
+__forceinline__ __device__ void tvmpipe_split_ID_publish(int b, unsigned long long epoch, float m, float s) {
+  unsigned long long* slot = tvmpipe_split_ID_slots + 2 * b;
+  unsigned long long d = __float_as_uint(m) | (unsigned long long)__float_as_uint(s) << 32;
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(0ull) : "memory");
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot), "l"(d) : "memory");
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(tvmpipe_split_ID_tag(epoch)) : "memory");
+}
+// 1 and block b's (max, sum) of launch ``epoch`` in (m, s) once published (tag, data, the tag again unchanged);
+// 0 after WAIT_NS ns without.
+__forceinline__ __device__ int tvmpipe_split_ID_take(int b, unsigned long long epoch, float* m, float* s) {
+  unsigned long long* slot = tvmpipe_split_ID_slots + 2 * b;
+  unsigned long long want = tvmpipe_split_ID_tag(epoch), t0, t, tag, d;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(tag) : "l"(slot + 1) : "memory");
+    if (tag == want) {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(d) : "l"(slot) : "memory");
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(tag) : "l"(slot + 1) : "memory");
+      if (tag == want) {
+        *m = __uint_as_float((unsigned)d);
+        *s = __uint_as_float((unsigned)(d >> 32));
+        return 1;
+      }
+    }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > WAIT_NSull) return 0;
+  }
+}
+#endif
+"""
+
+
+def _split_src(kernel: str, blocks: int) -> str:
+    """The rendezvous helpers of one kernel (``kernel`` names it: kernels alike share them, one launch at a time)."""
+    return _SPLIT_SRC.replace("ID", kernel).replace("BLOCKS", str(blocks)).replace("WAIT_NS", str(SPLIT_WAIT_NS))
+
+
 def cuda_rows(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int):
     """Row-resident softmax: blocks load / row_max / row_sum / normalize / store over [r, j, l, v]."""
     nvec = cols // vec  # vectors per row; slots j * lanes + l >= nvec are padding
@@ -146,12 +203,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     - Longer rows stream: pass 2 reads the row again, last step first, so memory sees one read and one write:
       the last step is still in registers, the first ``cached`` steps are also kept in shared memory (pass 1
       requests them all at once with cp.async), each thread's own vectors (read back by the thread that wrote
-      them: no barrier), the rest comes from L2, where pass 1 read it last. With little state per thread, two blocks share an SM: one's reductions overlap the
-      other's loads.
-    - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): two kernels. The first writes each chunk's
-      (max, sum) partial; the second merges its row's partials like the block merges its threads', then does
-      pass 2 on its chunk, chunks in reverse order, so that what L2 may still hold of the first kernel's reads
-      comes first (on the H200 ncu finds this second read served by DRAM all the same, even for 32 MB).
+      them: no barrier), the rest comes from L2, where pass 1 read it last. With little state per thread, two
+      blocks share an SM: one's reductions overlap the other's loads.
+    - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): still one kernel, with no more blocks than
+      the SMs hold at once. Each block does pass 1 over its chunk (cached like a row), publishes its (max, sum),
+      takes its row's others (``_SPLIT_SRC``), merges them like the block merges its threads' and does pass 2 on its
+      chunk, still on chip: one read from memory where the two kernels this replaces read twice (their second
+      read came from DRAM, even for 32 MB). A block whose row's partials do not all come within ``SPLIT_WAIT_NS``
+      (its row's blocks not all resident) reads the whole row itself, so it stays correct, if slow, on a GPU
+      with fewer SMs than planned for.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
@@ -163,8 +223,10 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     steps = -(-touched // (P * L * U))  # per chunk
     resident = steps == 1 and P == 1
     keep_exp = resident and kind == "softmax"
-    C = 0 if resident or P > 1 else min(cached, steps)  # steps < C are kept in shared memory
+    C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
     keep_shape = (C, U, L, V) if C else (1,)
+    name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
+    split_src = _split_src(name, rows * P)
     f32, neg_inf = ACC, T.float32("-inf")
 
     # ``it`` below counts steps from the row's start (chunk c's are c * steps ... c * steps + steps - 1)
@@ -272,26 +334,28 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         st[1] = T.float32(0)
         if C > 0:  # (a parse-time branch: keep has no step axis without cached steps)
             for i in T.unroll(C):
+                it = T.meta_var(c * steps + i)
                 for u in T.unroll(U):
-                    if live(i, u):
-                        if whole(r, i, u, tx):
+                    if live(it, u):
+                        if whole(r, it, u, tx):
                             T.ptx["cp.async.cg.shared.global"](
-                                keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, i, u, tx)]), 16, T.uint32(16))
+                                keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
                         else:  # a row end: its own elements, -inf for the neighbours'
                             for v in T.unroll(V):
                                 keep[i, u, tx, v] = T.if_then_else(
-                                    mine(r, i, u, tx, v), xf[start(r, i, u, tx) + v], _neg_inf(dtype))
+                                    mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], _neg_inf(dtype))
                 T.ptx.cp.async_.commit_group()
         if C < steps:
             move(xv, xf, r, c * steps + C, tx, True)
         if C > 0:
             for i in T.unroll(C):
+                it = T.meta_var(c * steps + i)
                 T.ptx.cp.async_.wait_group(C - 1 - i)
                 for u in T.unroll(U):
-                    if live(i, u):
+                    if live(it, u):
                         for v in T.vectorized(V):
                             xs[u, v] = keep[i, u, tx, v]
-                absorb(xs, ev, st, i)
+                absorb(xs, ev, st, it)
         for i in T.serial(C, steps):
             it = T.meta_var(c * steps + i)
             if i > C:
@@ -320,64 +384,75 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                         if live(it, u):
                             for v in T.vectorized(V):
                                 xv[u, v] = keep[i, u, tx, v]
-                elif P > 1 or ti > 0:  # (the row's last step is still in registers from pass 1)
+                elif ti > 0:  # (the chunk's last step is still in registers from pass 1)
                     move(xv, xf, r, it, tx, True)
                 for u in T.unroll(U):
                     for v in T.unroll(V):
                         xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
                 move(xv, yf, r, it, tx, False)
 
+    @T.macro
+    def exchange(st, xs, ev, sync, tick, xf, r, b, tx):
+        """(st[0], st[1]) <- row r's (max, sum) from the block's own (st[0], st[1]) over its chunk: published for
+        this launch, the row's chunks' partials taken (threads < P, one partial each) and merged. A partial that does not come within ``SPLIT_WAIT_NS`` (blocks not all resident: a
+        smaller GPU, a busy one) makes the block read the whole row itself instead."""
+        if tx == 0:
+            T.evaluate(T.cuda.func_call(f"tvmpipe_split_{name}_publish", b, tick[0], st[0], st[1], source_code=split_src))
+            sync[0] = tick[0]
+            sync[1] = T.uint64(1)
+        T.tvm_storage_sync("shared")
+        tick[0] = sync[0]
+        tick[1] = T.uint64(1)
+        st[0] = neg_inf
+        st[1] = T.float32(0)
+        for k in T.serial(-(-P // L)):
+            if k * L + tx < P:
+                if T.cuda.func_call(f"tvmpipe_split_{name}_take", r * P + k * L + tx, tick[0], st.ptr_to([2]),
+                                    st.ptr_to([3]), source_code=split_src, return_type="int32") != 0:
+                    combine(st)
+                else:
+                    tick[1] = T.uint64(0)
+        if tick[1] == T.uint64(0):
+            sync[1] = T.uint64(0)
+        T.tvm_storage_sync("shared")
+        tick[1] = sync[1]
+        if tick[1] == T.uint64(0):  # (the same in every thread)
+            st[0] = neg_inf
+            st[1] = T.float32(0)
+            for it in T.serial(P * steps):
+                move(xs, xf, r, it, tx, True)
+                absorb(xs, ev, st, it)
+
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
         xf = T.decl_buffer((rows * cols,), dtype, data=x.data)
         yf = T.decl_buffer((rows * cols,), dtype, data=y.data)
-        part = T.sblock_alloc_buffer((rows * P, 2) if P > 1 else (1, 2), f32)  # chunks' (max, sum), row-major
-        if P > 1:
-            for b in T.thread_binding(rows * P, thread="blockIdx.x"):
-                for tx in T.thread_binding(L, thread="threadIdx.x"):
-                    with T.sblock("partials"):
-                        T.reads()
-                        T.writes()
-                        xv = T.alloc_buffer((U, V), dtype, scope="local")
-                        st = T.alloc_buffer((6,), f32, scope="local")
-                        red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
-                        # (a chunk has no cached steps nor kept exponentials: xv stands in for xs, ev and keep)
-                        pass1(xv, xv, xv, st, xv, xf, b // P, b % P, tx)
-                        merge(st, red, tx)
-                        if tx == 0:
-                            part[b, 0] = st[0]
-                            part[b, 1] = st[1]
         for b in T.thread_binding(rows * P, thread="blockIdx.x"):
             for tx in T.thread_binding(L, thread="threadIdx.x"):
                 with T.sblock("softmax_stream"):
                     T.reads()
                     T.writes()
                     xv = T.alloc_buffer((U, V), dtype, scope="local")
-                    xs = T.alloc_buffer((U, V) if C > 0 else (1,), dtype, scope="local")  # a cached step, from keep
+                    # a cached step, from keep; or (split) a step of another chunk
+                    xs = T.alloc_buffer((U, V) if C > 0 or P > 1 else (1,), dtype, scope="local")
                     ev = T.alloc_buffer((U, V) if keep_exp else (1,), f32, scope="local")  # resident: exp(x - own max)
                     # max, sum; a peer's max, sum / a step's max; scratch; the thread's own max
                     st = T.alloc_buffer((6,), f32, scope="local")
                     red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
                     keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
-                    if P > 1:  # blocks in reverse order; the row's partials taken by the threads in turn, merged
-                        # (row, chunk) of block rows * P - 1 - b, spelled without dividing a difference: in a buffer
-                        # index TVM 0.27 rewrites floordiv(14 - b, 5) as floordiv(-b, 5) + 2, dropping the remainder 4
-                        r = T.meta_var(rows - 1 - b // P)
-                        st[0] = neg_inf
-                        st[1] = T.float32(0)
-                        for k in T.serial(-(-P // L)):
-                            if k * L + tx < P:
-                                st[2] = part[r * P + k * L + tx, 0]
-                                st[3] = part[r * P + k * L + tx, 1]
-                                combine(st)
+                    sync = T.alloc_buffer((2,), "uint64", scope="shared.dyn")  # split: epoch, all partials came
+                    tick = T.alloc_buffer((2,), "uint64", scope="local")  # the same, the thread's
+                    if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
+                        tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
+                                                   return_type="uint64")
+                    pass1(xv, xs, ev, st, keep, xf, b // P, b % P, tx)
+                    st[5] = st[0]
+                    merge(st, red, tx)
+                    if P > 1:
+                        exchange(st, xs, ev, sync, tick, xf, b // P, b, tx)
                         merge(st, red, tx)
-                        pass2(xv, ev, st, keep, xf, yf, r, P - 1 - b % P, tx)
-                    else:
-                        pass1(xv, xs, ev, st, keep, xf, b, 0, tx)
-                        st[5] = st[0]
-                        merge(st, red, tx)
-                        pass2(xv, ev, st, keep, xf, yf, b, 0, tx)
+                    pass2(xv, ev, st, keep, xf, yf, b // P, b % P, tx)
 
     return func
 

@@ -208,7 +208,9 @@ _HARNESS = r"""
 extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, long smem) {
   std::vector<char> shared(smem + 64);
   emu_smem = shared.data();
-  for (int bz = 0; bz < gz; ++bz) for (int by = 0; by < gy; ++by) for (int bx = 0; bx < gx; ++bx) {
+  // blocks one at a time, last first: of a split softmax's blocks, which publish partials for one another, every
+  // one but a row's first (never empty) then finds some missing and takes its fallback, the first finds all
+  for (int bz = gz - 1; bz >= 0; --bz) for (int by = gy - 1; by >= 0; --by) for (int bx = gx - 1; bx >= 0; --bx) {
     std::barrier<> block(threads);
     emu_block_barrier = &block;
     std::vector<std::barrier<>*> warps;
@@ -291,8 +293,11 @@ def _rewrite_asm(body: str) -> str:
 
 def _helpers(preamble: str) -> str:
     """Emulations of the ``tvm_builtin_*`` helpers TVM defines around inline PTX."""
-    defs = []
+    defs, seen = [], set()
     for name, params in re.findall(r"__device__ [\w ]+? ((?:tvm_builtin|tvmpipe)_\w+)\(([^)]*)\)", preamble):
+        if name in seen:  # (a helper's source is repeated for every helper it defines, behind an include guard)
+            continue
+        seen.add(name)
         if "cp_async" in name and "shared_global" in name:
             nbytes = int(name.rsplit("_", 1)[1])
             src_size = "__src_size" if "src_size" in params else str(nbytes)
@@ -314,6 +319,23 @@ def _helpers(preamble: str) -> str:
                         f"{str(trans[-1] == '1').lower()}); }}")
         elif name == "tvmpipe_ex2":  # ex2.approx.ftz.f32: results below 2^-126 flush to 0
             defs.append("static inline float tvmpipe_ex2(float x) { float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }")
+        elif m := re.fullmatch(r"tvmpipe_split_(\w+)_(tag|arrive|publish|take)", name):  # a split's rendezvous
+            # (seqlock slots and a launch counter in static memory); blocks run one after another here, so what is
+            # not there yet never comes
+            kernel, fn = m.groups()
+            blocks = int(re.search(rf"tvmpipe_split_{kernel}_slots\[2 \* (\d+)\]", preamble).group(1))
+            pre = f"tvmpipe_split_{kernel}"
+            defs.append({
+                "tag": f"static uint64_t {pre}_count, {pre}_slots[2 * {blocks}];\n"
+                       f"static inline uint64_t {name}(uint64_t e) {{ return (e + 1ull) * 0x9E3779B97F4A7C15ull | 1ull; }}",
+                "arrive": f"static std::mutex {pre}_lock;\n"
+                          f"static inline uint64_t {name}() {{ std::lock_guard<std::mutex> g({pre}_lock); return {pre}_count++ / {blocks}; }}",
+                "publish": f"static inline void {name}(int b, uint64_t e, float m, float s) {{ float ms[2] = {{m, s}}; "
+                           f"std::memcpy(&{pre}_slots[2 * b], ms, 8); {pre}_slots[2 * b + 1] = {pre}_tag(e); }}",
+                "take": f"static inline int {name}(int b, uint64_t e, float* m, float* s) {{ "
+                        f"if ({pre}_slots[2 * b + 1] != {pre}_tag(e)) return 0; float ms[2]; "
+                        f"std::memcpy(ms, &{pre}_slots[2 * b], 8); *m = ms[0]; *s = ms[1]; return 1; }}",
+            }[fn])
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|wgmma_commit_group|wgmma_wait_group|fence_proxy)_\w+", name):

@@ -103,8 +103,10 @@ def test_cuda_warp_definition_on_cpu(rng):
 #   a last step whose later vector groups lie wholly past the row (2560 = 320 vectors: 256 + 64);
 # - resident (one step): a row within one step, exactly one step, ending mid-vector, groups wholly past it (300),
 #   and (8 and 7 rows) the rows of -inf and of NaN, which its per-thread exp factor must keep NaN;
-# - split into chunks: a last chunk wholly past the row (4096 in 5), more chunks than threads (40 > 32, merged in
-#   two turns), rows ending mid-vector, the rows of -inf and NaN (7 rows);
+# - split into chunks (the emulator runs blocks one after another, last first: a row's first block takes the partials
+#   published by the others, which, finding some missing, read the whole row themselves): a last chunk wholly past the row
+#   (4096 in 5), more chunks than threads (40 > 32, merged in two turns), rows ending mid-vector, the rows of -inf
+#   and NaN (7 rows), chunks of several steps some of them cached in shared memory;
 # - bfloat16 resident, streamed and split;
 # on rows holding the special values.
 STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
@@ -112,6 +114,7 @@ STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1
                 (3, 2560, "float16", 64, 4, 1, 1),
                 (8, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
                 (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (7, 1025, "float16", 64, 2, 0, 3),
+                (3, 4096, "float16", 32, 1, 2, 4), (5, 1023, "float32", 32, 2, 1, 3),
                 (7, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
 
 
@@ -123,8 +126,6 @@ def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, 
     func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
-    if chunks > 1:  # the chunks' partials (a workspace the host allocates)
-        arrays["part"] = np.full((rows * chunks, 2), np.nan, np.float32)
     cuda_emu.run(func, targets.resolve("cuda-sm90").target, arrays)
     bad, err = mismatches(arrays["yf"], x, kind)
     assert bad == 0, f"{bad} elements off (max err {err:.2e})"
@@ -148,9 +149,15 @@ def test_cuda_stream_plan_choice():
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
         assert plan.cache == "local" and plan.lanes > 32 and plan.chunks == 1, (rows, cols, dtype, plan)
         assert plan.lanes * plan.per_thread >= softmax_tir.stream_vectors(cols, plan.vec), plan  # one step
-    for rows, cols, dtype in ((16, 1 << 20, "float32"), (65, 131072, "float16"), (1, 1 << 20, "float32")):
+    for rows, cols, dtype in ((16, 1 << 20, "float32"), (65, 131072, "float16"), (1, 1 << 20, "float32"),
+                              (8, 128256, "float32")):
+        plan = S.cuda_plan(rows, cols, dtype, "sm_90")  # as many blocks as SMs (all resident), 16-byte vectors
+        assert 132 - rows < plan.chunks * rows <= 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, plan)
+    # a few rows of a vocabulary: 16 KB chunks, fewer than the SMs; rows of up to 64 KB are not split
+    for rows, cols, dtype, chunks in ((1, 50257, "float32", 13), (5, 50257, "float16", 7), (1, 128256, "float16", 16),
+                                      (1, 16384, "float32", 1), (1, 32768, "float16", 1), (1, 16385, "float32", 5)):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-        assert plan.chunks * rows >= 4 * 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, dtype, plan)
+        assert plan.chunks == chunks and plan.lanes * plan.per_thread * plan.vec * plan.chunks >= cols, (rows, cols, plan)
 
 
 @pytest.mark.parametrize(
@@ -160,13 +167,14 @@ def test_cuda_stream_plan_choice():
      (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
-    """Compile for sm_90 and read the CUDA source: 128-bit accesses, shuffles, the bare ex2 for every exponential,
-    no division per element, one read of the input per kernel."""
+    """Compile for sm_90 and read the CUDA source: one kernel, 128-bit accesses, shuffles, the bare ex2 for every
+    exponential, no division per element, the warp kernel's one read of the input."""
     plan = S.cuda_plan(rows, cols, dtype, "sm_90")
     assert (plan.chunks > 1, plan.lanes <= 32) == (regime == "split", regime == "warp")
     src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
     kernels = src.count("__global__") // 2  # declaration + definition
-    assert kernels == (2 if regime == "split" else 1)
+    assert kernels == 1  # (the split too: its blocks exchange partials)
+    assert ("_publish(" in src and "_take(" in src) == (regime == "split")
     assert ("__shfl_down_sync" if regime == "warp" else "__shfl_xor_sync") in src
     assert "tvmpipe_ex2(" in src and "exp2f(" not in src and "expf(" not in src
     if regime != "warp":  # (the warp kernel's per-element 1 / sum reads a register: nvcc computes it once)
