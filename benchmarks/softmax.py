@@ -285,6 +285,33 @@ def _seed_kernel():
     return launch
 
 
+def graph_replays(fn, case: dict, device: str, rng: np.random.Generator, replays: int = 4) -> list[dict]:
+    """Kernel ``fn`` (a float32 ``case``) captured in a CUDA graph and replayed on fresh inputs, each output checked: a
+    split kernel's blocks must tell its launches apart where ``%gridid`` repeats (every replay)."""
+    import torch
+    import tvm
+    import tvm_ffi
+
+    x = torch.empty(case["rows"], case["cols"], device="cuda")
+    y = torch.empty_like(x)
+    xt, yt = tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y)
+    fn(xt, yt)
+    graph = torch.cuda.CUDAGraph()
+    with tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
+        fn(xt, yt)
+    records = []
+    for i in range(replays):
+        xs = sample(case["rows"], case["cols"], "float32", rng)
+        x.copy_(torch.from_numpy(xs))
+        y.fill_(float("nan"))
+        graph.replay()
+        bad, err = mismatches(y.cpu().numpy(), xs, case["kind"])
+        records.append({k: case[k] for k in ("kind", "dtype", "rows", "cols", "plan")} | {
+            "device": device, "graph_replay": i, "mismatches": bad, "max_err": err, "ok": bad == 0})
+        print(f"check {case['name']} CUDA graph replay {i}: {'ok' if bad == 0 else f'{bad} MISMATCHES'}", flush=True)
+    return records
+
+
 def run(out: Path, baselines: list[Path] = ()) -> None:
     """Check and time every GPU case; ``baselines``: other builds' tvmpipe kernels (say, the previous commit's)
     timed beside them, recorded as impl "tvmpipe-baseline" (and the folder's name) with the variants."""
@@ -359,6 +386,9 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
             checks.append({k: case[k] for k in ("kind", "dtype", "rows", "cols", "plan")} | {
                 "device": device, "mismatches": bad, "max_err": err, "ok": bad == 0})
             print(f"check {case['name']}: {'ok' if bad == 0 else f'{bad} MISMATCHES'} (max err {err:.1e})", flush=True)
+        split = next(c for c in cases if c["check"] and c["impl"] == "tvmpipe" and c["kind"] == "softmax"
+                     and c["dtype"] == "float32" and c["rows"] * c["cols"] >= 1 << 20 and "chunks=1," not in c["plan"])
+        checks += graph_replays(lib[split["name"]], split, device, rng)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"softmax-{device}.json"
     path.write_text(json.dumps(records, indent=1))
