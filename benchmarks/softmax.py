@@ -8,6 +8,7 @@ GPU, in two steps (the GPU machine has TVM's runtime only, so everything is comp
                                                      #   DIR/softmax-check-<device>.json (odd sizes, special values)
 CPU, here:          python3 benchmarks/softmax.py --cpu --out benchmarks/results
 Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) benchmarks/results/softmax-h200.json
+                            (--table also prints the few-long-rows layouts from the variants file beside it)
 
 ``tbps`` counts one read and one write of the tensor; ``copy_tbps`` is a copy of the same bytes timed in the
 same run. Every timed output is checked against float64 (``max_err``, ``ok``), so a fast wrong kernel shows.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import sys
 import time
@@ -59,11 +61,12 @@ VARIANTS = [
     (4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
     (4096, 50257, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 1}),
 ]
-# Few long rows (a language model's next-token softmax over its vocabulary, batch 1 or 8): timed like GPU_SHAPES,
-# beside one block per row and the split into other chunk counts (as many blocks as SMs; 64 KB chunks), all recorded
-# in the variants file (not the issue's table), to place the split by.
-FEW_ROWS_SHAPES = [(1, 50257), (1, 128256), (8, 128256), (1, 262144)]
-FEW_ROWS_CHUNK_BYTES = (None, 64 << 10)
+# Few long rows (a language model's next-token softmax over its vocabulary, batch 1 or 8; and one row of 32-64 KB,
+# which the rule leaves to one block): timed like GPU_SHAPES, beside one block per row and the split into other chunk
+# counts (as many blocks as SMs; 64 KB and 16 KB chunks), all recorded in the variants file (not the issue's table),
+# to place the split by.
+FEW_ROWS_SHAPES = [(1, 50257), (1, 128256), (8, 128256), (1, 262144), (1, 8192), (1, 16384)]
+FEW_ROWS_CHUNK_BYTES = (None, 64 << 10, 16 << 10)
 # Checked on the GPU only: a split whose blocks cannot all be resident (384 of 1024 threads), so that the first ones
 # wait in vain and take the fallback (each reads its whole row).
 OVERSUBSCRIBED = (16, 1 << 20, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 24})
@@ -572,6 +575,30 @@ def table(path: Path) -> str:
     return "\n".join(rows)
 
 
+def few_rows_table(path: Path) -> str:
+    """Markdown table of FEW_ROWS_SHAPES in a variants file: microseconds of the rule's plan (marked *) and of each
+    layout timed beside it, by chunk count (one block per row, 64 KB and 16 KB chunks, as many blocks as SMs; "-": not timed, the same
+    count as a column to its left, or more blocks than SMs)."""
+    records = [r for r in json.loads(Path(path).read_text()) if (r["rows"], r["cols"]) in FEW_ROWS_SHAPES]
+    layouts = ("one block per row", "64 KB chunks", "16 KB chunks", "a block per SM")
+    rows = [f"| rows x cols | dtype | {' us | '.join(layouts)} us | torch us |", "|" + "---|" * (len(layouts) + 3)]
+    for r, c, dt in dict.fromkeys((x["rows"], x["cols"], x["dtype"]) for x in records):
+        nbytes = c * np.dtype(dt).itemsize
+        counts = (1, -(-nbytes // (64 << 10)), -(-nbytes // (16 << 10)), 132 // r)  # (sm_90's SMs)
+        cells, torch_ms = {}, "-"
+        for x in (x for x in records if (x["rows"], x["cols"], x["dtype"]) == (r, c, dt)):
+            if x["impl"] == "torch":
+                torch_ms = f"{x['ms'] * 1e3:.1f}"
+                continue
+            chunks = int(re.search(r"chunks=(\d+)", x["schedule"]).group(1))
+            for i, k in enumerate(counts):  # the first layout of that chunk count
+                if k == chunks and i not in cells:
+                    cells[i] = f"{x['ms'] * 1e3:.1f}" + ("*" if x["impl"] == "tvmpipe" else "")
+                    break
+        rows.append(f"| {r} x {c} | {dt} | {' | '.join(cells.get(i, '-') for i in range(len(layouts)))} | {torch_ms} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -595,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
         plot(Path(args.plot))
     else:
         print(table(Path(args.table)))
+        variants = Path(args.table).with_name(Path(args.table).name.replace("softmax-", "softmax-variants-"))
+        if variants.exists() and not Path(args.table).name.startswith("softmax-cpu"):
+            print("\nFew long rows (" + variants.name + "):\n\n" + few_rows_table(variants))
     return 0
 
 

@@ -50,10 +50,10 @@ _OPAQUE = 8  # relax OpPatternKind.kOpaque: FuseOps fuses nothing into this kern
 
 _REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no spills at 1024 threads)
 # Split rows over blocks when there are fewer than half as many rows as SMs and a row is longer than one step of a
-# 1024-thread block (64 KB: shorter rows stay in registers, not measured split) or the tensor is >= 4 MB; into
-# 16 KB chunks (one step of 256 threads), or as many as the SMs hold. H200, next-token softmax over a vocabulary
-# (batch 1 or 8, 50257-262144 columns), same run: 1.2-4.5x one block per row; 16 KB chunks were the fastest of
-# those tried (also 64 KB, and one block per SM).
+# 1024-thread block (64 KB; shorter rows stay in registers) or the tensor is >= 4 MB; into 16 KB chunks (one step of
+# 256 threads), or as many as the SMs hold. H200, same run (benchmarks/softmax.py FEW_ROWS_SHAPES): next-token
+# softmax over a vocabulary (batch 1 or 8, 50257-262144 columns) 1.2-4.3x one block per row, 16 KB chunks the
+# fastest of those tried (also 64 KB, and a block per SM); rows of 16-64 KB 12-110 % slower split.
 _SPLIT_BYTES, _SPLIT_ROW_BYTES, _CHUNK_BYTES = 4 << 20, 64 << 10, 16 << 10
 _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vectors per thread and step
 # Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so
