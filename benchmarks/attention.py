@@ -109,8 +109,9 @@ CASES = [
 ]
 
 
-def build() -> None:
-    """Schedule each case's canonical attention function with our rule; compile all into one library."""
+def build(cases: list[Case] = CASES, lib: Path = LIB, variants: bool = True) -> None:
+    """Schedule each case's canonical attention function with our rule (and, with ``variants``, its other tile
+    configurations); compile all into one library ``lib``, its kernel names in ``kernels.json`` beside it."""
     import tvm
     from tvm import te
 
@@ -121,7 +122,7 @@ def build() -> None:
 
     info = targets.resolve("cuda-sm90")
     funcs = {}
-    for case in CASES:
+    for case in cases:
         shapes = {"q": (case.batch, case.seq_q, case.heads, case.head_dim),
                   "k": (case.batch, case.seq_kv, case.kv_heads, case.head_dim),
                   "v": (case.batch, case.seq_kv, case.kv_heads, case.head_dim), "bias": case.bias_shape}
@@ -131,16 +132,16 @@ def build() -> None:
             sch = Attention().apply(canonical, info.target, False)
         funcs[case.name] = sch.mod["main"].with_attr("global_symbol", case.name)
         spec = AttentionSpec.of(canonical)
-        for cfg in case.variants(spec):
+        for cfg in case.variants(spec) if variants else ():
             name = f"{case.name}__{cfg.name}"
             funcs[name] = flash_mma(spec, cfg).with_attr("global_symbol", name)
         for split in case.splits:
             name = f"{case.name}__split{split}"
             funcs[name] = flash_simt(spec, split).with_attr("global_symbol", name)
-    BUILD.mkdir(parents=True, exist_ok=True)
-    gpu = Built(tvm.compile(tvm.IRModule(funcs), target=info.target), info).export(LIB)
-    (BUILD / "kernels.json").write_text(json.dumps({"tvm": tvm.__version__, "kernels": sorted(funcs)}, indent=1))
-    print(f"built {LIB} ({LIB.stat().st_size} bytes, {len(funcs)} kernels): {gpu}")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    gpu = Built(tvm.compile(tvm.IRModule(funcs), target=info.target), info).export(lib)
+    (lib.parent / "kernels.json").write_text(json.dumps({"tvm": tvm.__version__, "kernels": sorted(funcs)}, indent=1))
+    print(f"built {lib} ({lib.stat().st_size} bytes, {len(funcs)} kernels): {gpu}")
 
 
 def run(out: Path) -> None:
