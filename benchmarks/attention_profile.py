@@ -5,8 +5,9 @@ on the benchmark's non-causal seq-2048 shapes (d 128 and 64), to say where the g
     python3 benchmarks/attention_profile.py --run --out DIR  # GPU machine with ncu: DIR/attention-ncu-<gpu>.json
 
 ``--run`` profiles each implementation in its own process (``ncu`` over ``--launch IMPL``, three calls per shape,
-the last one kept) with the speed-of-light, compute, occupancy, launch, scheduler and warp-state sections, keeping a few
-of their figures per kernel. ncu locks the clocks, so durations differ from the benchmark's; ratios do not much.
+the last one kept) with the speed-of-light, compute, occupancy, launch, scheduler and warp-state sections and the L2 and
+DRAM byte counters, keeping some of their figures per kernel. ncu locks the clocks, so durations differ from
+the benchmark's; ratios do not much.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ METRICS = (("duration_ns", "Duration"), ("elapsed_cycles", "Elapsed Cycles"), ("
            ("shared_bytes", "Dynamic Shared Memory Per Block"), ("sm_throughput_pct", "Compute (SM) Throughput"),
            ("l2_throughput_pct", "L2 Cache Throughput"), ("dram_throughput_pct", "DRAM Throughput"),
            ("issued_ipc", "Issued Ipc Active"), ("active_warps_per_scheduler", "Active Warps Per Scheduler"),
-           ("warp_cycles_per_issue", "Warp Cycles Per Issued Instruction"))
+           ("warp_cycles_per_issue", "Warp Cycles Per Issued Instruction"),
+           ("l2_bytes", "lts__t_bytes.sum"), ("dram_read_bytes", "dram__bytes_read.sum"))
+RAW = [name for _, name in METRICS if "__" in name]
 
 
 def launch(impl: str) -> None:
@@ -71,7 +74,8 @@ def number(text: str) -> float:
 def profile(impl: str) -> list[dict]:
     """ncu over ``launch(impl)``: the last of each shape's three calls, METRICS of it."""
     sections = [a for s in SECTIONS for a in ("--section", s)]
-    cmd = ["ncu", "--csv", "--page", "details", "-k", IMPLS[impl], *sections, sys.executable, __file__, "--launch", impl]
+    cmd = ["ncu", "--csv", "--page", "details", "--print-units", "base", "-k", IMPLS[impl], *sections,
+           "--metrics", ",".join(RAW), sys.executable, __file__, "--launch", impl]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     kernels: dict[str, dict] = {}
     for row in csv.DictReader(io.StringIO("".join(line + "\n" for line in out.splitlines() if not line.startswith("==")))):
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             print(f"{r['impl']:>12} d{r['d']}: {r['duration_ns'] / 1e3:7.1f} us, SM {r['sm_throughput_pct']:5.1f} %, "
                   f"L2 {r['l2_throughput_pct']:5.1f} %, IPC {r['issued_ipc']:.2f}, {r['registers']:.0f} regs x "
-                  f"{r['block']:.0f} threads, grid {r['grid']:.0f}")
+                  f"{r['block']:.0f} threads, grid {r['grid']:.0f}; L2 {r['l2_bytes'] / 1e9:.2f} GB, DRAM read "
+                  f"{r['dram_read_bytes'] / 1e9:.2f} GB")
         print(f"wrote {path}")
     return 0
 
