@@ -21,7 +21,7 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
 - fewer rows than half the SMs, rows over 64 KB or a tensor of 4 MB or more: each row split over ``chunks`` blocks
   (16 KB chunks, rows x chunks <= SMs so that all are resident) of the same kernel: each caches its chunk,
   publishes its (max, sum), takes its row's others and normalises its chunk from chip (one read of the input, one
-  write; 16 x 1M on the H200: 1.11-1.17x the two kernels it replaces, which read the input twice).
+  write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice).
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
@@ -53,7 +53,7 @@ _REGS = 32  # float32 registers per thread for the cached row slice (ptxas: no s
 # 1024-thread block (64 KB; shorter rows stay in registers) or the tensor is >= 4 MB; into 16 KB chunks (one step of
 # 256 threads), or as many as the SMs hold. H200, same run (benchmarks/softmax.py FEW_ROWS_SHAPES): next-token
 # softmax over a vocabulary (batch 1 or 8, 50257-262144 columns) 1.2-4.3x one block per row, 16 KB chunks the
-# fastest of those tried (also 64 KB, and a block per SM); rows of 16-64 KB 12-110 % slower split.
+# fastest of those tried (also 64 KB, and a block per SM); rows of 16-64 KB 19-114 % slower split.
 _SPLIT_BYTES, _SPLIT_ROW_BYTES, _CHUNK_BYTES = 4 << 20, 64 << 10, 16 << 10
 _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vectors per thread and step
 # Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so

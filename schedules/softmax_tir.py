@@ -80,8 +80,10 @@ def canonical(rows: int, cols: int, dtype: str, kind: str):
 # The split's rendezvous: the blocks of a row, all resident (the plan keeps rows x chunks <= SMs), exchange partials
 # through slots in static device memory of their kernel (zeroed when the module loads, written by nobody else). A
 # block publishes its (max, sum) tagged with the launch's epoch (launches counted by their blocks' arrivals on a
-# static counter: CUDA graph replays too, whose %gridid repeats) and reads its row's others like a seqlock (tag,
-# data, tag again), so a slot of another launch of the kernel, even on another stream, cannot pass for this one's.
+# static counter: CUDA graph replays too, whose %gridid repeats) and its input's address, and reads its row's others
+# like a seqlock (tag, data, tag again). A slot of an earlier launch has an older epoch; one of a launch on another
+# stream that overlaps this one (their arrivals interleave, so their epochs may coincide) holds the partial of the
+# same chunk of the same input if its tag matches, else this launch's blocks time out.
 # Waiting ends after SPLIT_WAIT_NS: the block then reads its whole row itself.
 SPLIT_WAIT_NS = 200_000
 _SPLIT_SRC = r"""
@@ -89,26 +91,29 @@ _SPLIT_SRC = r"""
 #define TVMPIPE_SPLIT_ID
 __device__ unsigned long long tvmpipe_split_ID_count;
 __device__ unsigned long long tvmpipe_split_ID_slots[2 * BLOCKS];  // per block: (max, sum) bits, tag
-__forceinline__ __device__ unsigned long long tvmpipe_split_ID_tag(unsigned long long epoch) {
-  return (epoch + 1ull) * 0x9E3779B97F4A7C15ull | 1ull;  // never 0, the tag of a slot being written
+__forceinline__ __device__ unsigned long long tvmpipe_split_ID_tag(unsigned long long epoch, const void* x) {
+  // never 0, the tag of a slot being written
+  return ((epoch + 1ull) * 0x9E3779B97F4A7C15ull ^ (unsigned long long)x * 0xC2B2AE3D27D4EB4Full) | 1ull;
 }
 // This launch's epoch (each of its blocks arrives once).
 __forceinline__ __device__ unsigned long long tvmpipe_split_ID_arrive() {
   return atomicAdd(&tvmpipe_split_ID_count, 1ull) / BLOCKSull;
 }
-// Block b's (max, sum) for launch ``epoch``: tag 0, data, tag, each store ordered after the one before.
-__forceinline__ __device__ void tvmpipe_split_ID_publish(int b, unsigned long long epoch, float m, float s) {
+// Block b's (max, sum) of input x for launch ``epoch``: tag 0, data, tag, each store ordered after the one before.
+__forceinline__ __device__ void tvmpipe_split_ID_publish(int b, unsigned long long epoch, const void* x, float m,
+                                                         float s) {
   unsigned long long* slot = tvmpipe_split_ID_slots + 2 * b;
   unsigned long long d = __float_as_uint(m) | (unsigned long long)__float_as_uint(s) << 32;
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(0ull) : "memory");
   asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot), "l"(d) : "memory");
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(tvmpipe_split_ID_tag(epoch)) : "memory");
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(tvmpipe_split_ID_tag(epoch, x)) : "memory");
 }
-// 1 and block b's (max, sum) of launch ``epoch`` in (m, s) once published (tag, data, the tag again unchanged);
-// 0 after WAIT_NS ns without.
-__forceinline__ __device__ int tvmpipe_split_ID_take(int b, unsigned long long epoch, float* m, float* s) {
+// 1 and block b's (max, sum) of input x for launch ``epoch`` in (m, s) once published (tag, data, the tag again
+// unchanged); 0 after WAIT_NS ns without.
+__forceinline__ __device__ int tvmpipe_split_ID_take(int b, unsigned long long epoch, const void* x, float* m,
+                                                     float* s) {
   unsigned long long* slot = tvmpipe_split_ID_slots + 2 * b;
-  unsigned long long want = tvmpipe_split_ID_tag(epoch), t0, t, tag, d;
+  unsigned long long want = tvmpipe_split_ID_tag(epoch, x), t0, t, tag, d;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   while (true) {
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(tag) : "l"(slot + 1) : "memory");
@@ -394,10 +399,12 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     @T.macro
     def exchange(st, xs, ev, sync, tick, xf, r, b, tx):
         """(st[0], st[1]) <- row r's (max, sum) from the block's own (st[0], st[1]) over its chunk: published for
-        this launch, the row's chunks' partials taken (threads < P, one partial each) and merged. A partial that does not come within ``SPLIT_WAIT_NS`` (blocks not all resident: a
-        smaller GPU, a busy one) makes the block read the whole row itself instead."""
+        this launch, the row's chunks' partials taken (threads < P, one partial each) and merged. A partial that does
+        not come within ``SPLIT_WAIT_NS`` (blocks not all resident: a smaller GPU, a busy one) makes the block read
+        the whole row itself instead."""
         if tx == 0:
-            T.evaluate(T.cuda.func_call(f"tvmpipe_split_{name}_publish", b, tick[0], st[0], st[1], source_code=split_src))
+            T.evaluate(T.cuda.func_call(f"tvmpipe_split_{name}_publish", b, tick[0], xf.data, st[0], st[1],
+                                        source_code=split_src))
             sync[0] = tick[0]
             sync[1] = T.uint64(1)
         T.tvm_storage_sync("shared")
@@ -407,8 +414,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         st[1] = T.float32(0)
         for k in T.serial(-(-P // L)):
             if k * L + tx < P:
-                if T.cuda.func_call(f"tvmpipe_split_{name}_take", r * P + k * L + tx, tick[0], st.ptr_to([2]),
-                                    st.ptr_to([3]), source_code=split_src, return_type="int32") != 0:
+                if T.cuda.func_call(f"tvmpipe_split_{name}_take", r * P + k * L + tx, tick[0], xf.data,
+                                    st.ptr_to([2]), st.ptr_to([3]), source_code=split_src, return_type="int32") != 0:
                     combine(st)
                 else:
                     tick[1] = T.uint64(0)

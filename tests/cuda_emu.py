@@ -327,13 +327,15 @@ def _helpers(preamble: str) -> str:
             pre = f"tvmpipe_split_{kernel}"
             defs.append({
                 "tag": f"static uint64_t {pre}_count, {pre}_slots[2 * {blocks}];\n"
-                       f"static inline uint64_t {name}(uint64_t e) {{ return (e + 1ull) * 0x9E3779B97F4A7C15ull | 1ull; }}",
+                       f"static inline uint64_t {name}(uint64_t e, const void* x) {{ "
+                       "return ((e + 1ull) * 0x9E3779B97F4A7C15ull ^ (uint64_t)x * 0xC2B2AE3D27D4EB4Full) | 1ull; }",
                 "arrive": f"static std::mutex {pre}_lock;\n"
                           f"static inline uint64_t {name}() {{ std::lock_guard<std::mutex> g({pre}_lock); return {pre}_count++ / {blocks}; }}",
-                "publish": f"static inline void {name}(int b, uint64_t e, float m, float s) {{ float ms[2] = {{m, s}}; "
-                           f"std::memcpy(&{pre}_slots[2 * b], ms, 8); {pre}_slots[2 * b + 1] = {pre}_tag(e); }}",
-                "take": f"static inline int {name}(int b, uint64_t e, float* m, float* s) {{ "
-                        f"if ({pre}_slots[2 * b + 1] != {pre}_tag(e)) return 0; float ms[2]; "
+                "publish": f"static inline void {name}(int b, uint64_t e, const void* x, float m, float s) {{ "
+                           f"float ms[2] = {{m, s}}; std::memcpy(&{pre}_slots[2 * b], ms, 8); "
+                           f"{pre}_slots[2 * b + 1] = {pre}_tag(e, x); }}",
+                "take": f"static inline int {name}(int b, uint64_t e, const void* x, float* m, float* s) {{ "
+                        f"if ({pre}_slots[2 * b + 1] != {pre}_tag(e, x)) return 0; float ms[2]; "
                         f"std::memcpy(ms, &{pre}_slots[2 * b], 8); *m = ms[0]; *s = ms[1]; return 1; }}",
             }[fn])
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
