@@ -66,7 +66,7 @@ VARIANTS = [
 # counts (as many blocks as SMs; 64 KB and 16 KB chunks), all recorded in the variants file (not the issue's table),
 # to place the split by.
 FEW_ROWS_SHAPES = [(1, 50257), (1, 128256), (8, 128256), (1, 262144), (1, 8192), (1, 16384)]
-FEW_ROWS_CHUNK_BYTES = (None, 64 << 10, 16 << 10)
+FEW_ROWS_LAYOUTS = ("one block per row", "64 KB chunks", "16 KB chunks", "a block per SM")
 # Checked on the GPU only: a split whose blocks cannot all be resident (384 of 1024 threads), so that the first ones
 # wait in vain and take the fallback (each reads its whole row).
 OVERSUBSCRIBED = (16, 1 << 20, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 24})
@@ -202,17 +202,25 @@ def _name(impl: str, kind: str, dtype: str, rows: int, cols: int) -> str:
     return f"{impl}_{kind}_{dtype}_{rows}x{cols}"
 
 
+def few_rows_chunks(rows: int, cols: int, dtype: str) -> tuple[int, ...]:
+    """Chunks per row of each of FEW_ROWS_LAYOUTS for a [rows, cols] softmax (sm_90's SMs; not capped at them)."""
+    from schedules.common import SMS
+
+    nbytes = cols * np.dtype(dtype).itemsize
+    return 1, -(-nbytes // (64 << 10)), -(-nbytes // (16 << 10)), SMS["sm_90"] // rows
+
+
 def _few_rows_variants() -> list[tuple]:
-    """FEW_ROWS_SHAPES in one block per row, and split into FEW_ROWS_CHUNK_BYTES-sized chunks (None: as many blocks as
-    SMs) where that is not the rule's plan."""
+    """FEW_ROWS_SHAPES in each of FEW_ROWS_LAYOUTS (a split at most as many blocks as SMs) that is not the rule's
+    plan."""
     from schedules.common import SMS
     from schedules.softmax import cuda_plan, split_plan
 
     sms, variants = SMS["sm_90"], []
     for (r, c), dt in ((shape, dt) for shape in FEW_ROWS_SHAPES for dt in DTYPES):
         chosen = cuda_plan(r, c, dt, "sm_90")
-        counts = {min(sms // r, -(-c * np.dtype(dt).itemsize // b)) if b else sms // r for b in FEW_ROWS_CHUNK_BYTES}
-        plans = [cuda_plan(r, c, dt, "sm_90", split=False)] + [split_plan(r, c, dt, sms, k) for k in sorted(counts) if k > 1]
+        counts = {min(k, sms // r) for k in few_rows_chunks(r, c, dt)} - {1}
+        plans = [cuda_plan(r, c, dt, "sm_90", split=False)] + [split_plan(r, c, dt, sms, k) for k in sorted(counts)]
         variants += [(r, c, dt, dataclasses.asdict(p)) for p in plans if p != chosen]
     return variants
 
@@ -577,14 +585,13 @@ def table(path: Path) -> str:
 
 def few_rows_table(path: Path) -> str:
     """Markdown table of FEW_ROWS_SHAPES in a variants file: microseconds of the rule's plan (marked *) and of each
-    layout timed beside it, by chunk count (one block per row, 64 KB and 16 KB chunks, as many blocks as SMs; "-": not timed, the same
-    count as a column to its left, or more blocks than SMs)."""
+    of FEW_ROWS_LAYOUTS timed beside it, told apart by chunk count ("-": not timed, the same count as a column to its
+    left, or more blocks than SMs)."""
     records = [r for r in json.loads(Path(path).read_text()) if (r["rows"], r["cols"]) in FEW_ROWS_SHAPES]
-    layouts = ("one block per row", "64 KB chunks", "16 KB chunks", "a block per SM")
-    rows = [f"| rows x cols | dtype | {' us | '.join(layouts)} us | torch us |", "|" + "---|" * (len(layouts) + 3)]
+    rows = [f"| rows x cols | dtype | {' us | '.join(FEW_ROWS_LAYOUTS)} us | torch us |",
+            "|" + "---|" * (len(FEW_ROWS_LAYOUTS) + 3)]
     for r, c, dt in dict.fromkeys((x["rows"], x["cols"], x["dtype"]) for x in records):
-        nbytes = c * np.dtype(dt).itemsize
-        counts = (1, -(-nbytes // (64 << 10)), -(-nbytes // (16 << 10)), 132 // r)  # (sm_90's SMs)
+        counts = few_rows_chunks(r, c, dt)
         cells, torch_ms = {}, "-"
         for x in (x for x in records if (x["rows"], x["cols"], x["dtype"]) == (r, c, dt)):
             if x["impl"] == "torch":
@@ -595,7 +602,7 @@ def few_rows_table(path: Path) -> str:
                 if k == chunks and i not in cells:
                     cells[i] = f"{x['ms'] * 1e3:.1f}" + ("*" if x["impl"] == "tvmpipe" else "")
                     break
-        rows.append(f"| {r} x {c} | {dt} | {' | '.join(cells.get(i, '-') for i in range(len(layouts)))} | {torch_ms} |")
+        rows.append(f"| {r} x {c} | {dt} | {' | '.join(cells.get(i, '-') for i in range(len(FEW_ROWS_LAYOUTS)))} | {torch_ms} |")
     return "\n".join(rows)
 
 
