@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tvmpipe demo
 
+# two workers (pytest-xdist), each test module on one of them (its module fixtures set up once): 2 cores, as CI
 test: $(STAMP)
-	$(PY) -m pytest -q tests --nbmake notebooks
+	$(PY) -m pytest -q -n 2 --dist loadscope tests --nbmake notebooks
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'

@@ -29,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.common import gpu_slug  # noqa: E402
+
 BUILD = REPO / "build" / "gpu" / "attention"
 LIB = BUILD / "attention.so"
 TOKENS, HIDDEN = 16384, 2048
@@ -68,9 +71,9 @@ class Case:
     def variants(self, spec) -> list:
         """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the
         rule picks without wgmma (sm_80's choice), wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
-        with other key tiles, and the rule's kernel on CUDA's exp2f (``e``) and, causal on wgmma, with per-warpgroup
-        diagonals (``d``) switched. The correctness cases check the wgmma kernel too, where the rule picks mma.sync
-        for their short sequences."""
+        with other key tiles, and the rule's kernel on CUDA's exp2f (``e``), on wgmma with unswizzled tiles (``u``)
+        and, causal on wgmma, with per-warpgroup diagonals (``d``) switched or (d128) 4 warpgroups of 32-key tiles.
+        The correctness cases check the wgmma kernel too, where the rule picks mma.sync for their short sequences."""
         from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose, wgmma_config
 
         chosen = choose(spec, wgmma=True)
@@ -79,9 +82,11 @@ class Case:
             tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
             return [wgmma] if tensor_cores and wgmma != chosen else []
         shapes = ((16, 64), (12, 64), (12, 128)) if self.head_dim <= 64 else ((16, 32), (12, 64), (12, 96))
-        other = [choose(spec), replace(chosen, ftz_exp=False)]
+        other = [choose(spec), replace(chosen, ftz_exp=False)] + ([replace(chosen, swizzle=False)] if chosen.wgmma else [])
         if chosen.wgmma and self.causal:
             other.append(replace(chosen, group_diag=not chosen.group_diag))
+            if self.head_dim > 64:  # the previous rule's causal kernel: 4 warpgroups of 32-key tiles
+                other.append(replace(chosen, warps=16, bn=32))
         other += [TileConfig(warps=w, m_tiles=1, bn=n, stages=3, wgmma=True) for w, n in shapes]
         return [c for c in other if c != chosen]
 
@@ -274,7 +279,7 @@ def run(out: Path) -> None:
         t = q = k = v = o = args = timers = None
         torch.cuda.empty_cache()
 
-    slug = device.split()[-1].lower()
+    slug = gpu_slug()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"attention-{slug}.json").write_text(json.dumps(records, indent=1))
     plot(records, out / f"attention-{slug}.png", device)

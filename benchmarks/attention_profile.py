@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.attention import CASES  # noqa: E402
+from benchmarks.common import gpu_slug  # noqa: E402
 
 LIB = REPO / "build" / "gpu" / "attention-profile" / "attention.so"
 PROFILED = [c for c in CASES if c.name in ("bench_d128_s2048_full", "bench_d64_s2048_full")]
@@ -102,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.launch:
         launch(args.launch)
     else:
-        import torch
-
-        device = torch.cuda.get_device_name(0).lower().replace("nvidia", "").strip().replace(" ", "-")
+        device = gpu_slug()
         records = [r | {"device": device} for impl in IMPLS for r in profile(impl)]
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"attention-ncu-{device}.json"

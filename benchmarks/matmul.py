@@ -24,6 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import gpu_slug  # noqa: E402
+
 # (batch, m, n, k, layout, what): layout "nn" = B stored [k, n]; "nt" = B stored [n, k] (the fp16 im2col's patches)
 SHAPES = [
     ((), 4096, 4096, 4096, "nn", "square"),
@@ -133,7 +135,7 @@ def run(out: Path) -> None:
     t0 = time.perf_counter()
     lib = compile_cases(cases)
     print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
-    device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    device = gpu_slug()
     records = []
     torch.manual_seed(0)
     with tvm_ffi.use_torch_stream():

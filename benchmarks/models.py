@@ -46,6 +46,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import gpu_slug  # noqa: E402
+
 CACHE = REPO / "build" / "zoo"
 RESULTS = REPO / "benchmarks" / "results"
 RERUN = "rerun"  # results/rerun/models-<machine>.json: a second run of the table's code, for the report
@@ -359,9 +361,7 @@ def machine_name(target: str) -> str:
 
         info = targets.resolve("cpu")
         return f"cpu-{info.spec['mcpu']}-{info.cores}c"
-    import torch
-
-    return torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
+    return gpu_slug()
 
 
 def environment(target: str) -> dict:

@@ -31,6 +31,10 @@ import ml_dtypes
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import gpu_slug  # noqa: E402
+
 BUILD = REPO / "build" / "gpu" / "softmax"
 GPU_SHAPES = [(4096, 4096), (32768, 1024), (65536, 128), (1024, 32768), (128, 131072), (16, 1048576), (4096, 50257)]
 CPU_SHAPES = [(1024, 1024), (8192, 128), (128, 16384), (8, 262144), (64, 50257)]
@@ -340,7 +344,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
         base_lib = tvm.runtime.load_module(str(folder / "kernels.so"))
         cases += [c | {"impl": "baseline", "lib": base_lib, "baseline": folder.name}
                   for c in json.loads((folder / "cases.json").read_text()) if c["impl"] == "tvmpipe" and not c["check"]]
-    device = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    device = gpu_slug()
     seed = _seed_kernel()
     tdt = {"float32": torch.float32, "float16": torch.float16}
     impl_names = {"variant": "tvmpipe-variant", "baseline": "tvmpipe-baseline"}
@@ -618,7 +622,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, nargs="+", default=[],
                    help="--run: also time the tvmpipe kernels of these other --build folders")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(REPO))
     if args.build:
         build(BUILD)
     elif args.run:

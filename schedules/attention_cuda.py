@@ -36,8 +36,11 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
 
 * each warpgroup (4 warps) owns 64 query rows and runs both GEMMs as ``wgmma.mma_async.m64nNk16``: S from Q
   and K in shared memory, O += P·V with P straight from the S registers (wgmma's A-register fragment is
-  mma.m16n8k16's) and V read transposed; Q/K/V tiles sit in wgmma's no-swizzle core-matrix layout (8 rows x
-  16 bytes contiguous), which cp.async fills directly (a microbenchmark ran it at 870-970 TFLOP/s);
+  mma.m16n8k16's) and V read transposed; Q/K/V tiles sit in wgmma's 128-byte swizzled layout (head dims of 64
+  and 128; others in the no-swizzle core-matrix layout), which cp.async fills directly, 8 lanes copying 128
+  contiguous bytes of a row into 8 bank groups (H200, same run, on the benchmark's wgmma shapes: +2-11 % for 4
+  warpgroups of 32-key tiles (d128), +5-10 % for d64; unswizzled, 3 warpgroups of 64-key tiles (d128) ran 17-27 %
+  slower, in the next run);
 * FlashAttention-3's in-warpgroup pipeline over a ring of 3 K/V stages: S of tile j+1 is issued, O rescaled
   under it, P·V of tile j issued; tile j+1's softmax runs while P·V is on the tensor cores;
 * every wgmma is issued and waited on every path (ptxas serialises all of them otherwise), and empty-asm
@@ -103,18 +106,19 @@ class TileConfig:
     # 12 benchmark shapes, level on 4, -5-10 % for d128 at seq 512 in two runs)
     ftz_exp: bool = True
     group_diag: bool = False  # causal wgmma: each warpgroup stops at its own diagonal (``per_group`` in flash_mma)
+    swizzle: bool = True  # wgmma, head_dim a multiple of 64: tiles in the 128-byte swizzled layout (see ``at``)
 
     @property
     def name(self) -> str:
         return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
                 f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
-                f"{'d' if self.group_diag else ''}")
+                f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}")
 
 
 def wgmma_config(head_dim: int) -> TileConfig:
-    """The wgmma kernel's shape (see ``choose``): 4 warpgroups, 64-key tiles up to head_dim 64, else 32."""
-    return TileConfig(warps=16, m_tiles=1, bn=64 if head_dim <= 64 else 32, stages=3, wgmma=True)
+    """The wgmma kernel's shape (see ``choose``): 64-key tiles, 4 warpgroups up to head_dim 64, else 3."""
+    return TileConfig(warps=16 if head_dim <= 64 else 12, m_tiles=1, bn=64, stages=3, wgmma=True)
 
 
 # K/V bytes the heads of one LPT section may share in L2 (FlashAttention-3's figure for the H100's 50 MB)
@@ -140,13 +144,16 @@ def lpt_section(spec) -> int:
 def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
-    wgmma (sm_90a) where it won: no causal mask and at least 1024 query rows (512 for head_dim > 64; or a symbolic
-    count), or a causal mask and at least 2048 rows, launched in L2 sections (``lpt_section``); up to 4096 rows each
-    warpgroup also stops at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at 8192, where the
-    diagonal is a smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all copies). 4 warpgroups (256
-    query rows) per CTA: their GEMMs cover each other's waits at the per-tile barrier (3 warpgroups: -3-15 %, 2:
-    -15-30 %); 64-key tiles for head_dim <= 64, 32 for larger heads, which keeps 4 warpgroups within 128 registers
-    per thread. Shorter sequences lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU).
+    wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count; d64 at 512, two runs:
+    +10 % / -3 % over mma.sync), or a causal mask and at least 2048 rows, launched in L2 sections (``lpt_section``); up
+    to 4096 rows each warpgroup also stops at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at
+    8192, where the diagonal is a smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all
+    copies). 64-key tiles. 4 warpgroups (256 query rows) per CTA for head_dim <= 64: their GEMMs cover each other's
+    waits at the per-tile barrier (3 warpgroups of 128-key tiles, two runs: no mask -10 % / 0 % at seq 512, +0-2 %
+    at 2048, +5-6 % at 8192; causal -8-23 %). 3 for larger heads, whose 64-key tiles do not fit 4 warpgroups' 128
+    registers per thread (H200, two runs, tiles swizzled: +7-14 % at seq >= 2048 over 4 warpgroups of 32-key tiles,
+    which had won before the swizzle, when 3 warpgroups lost 3-15 %; at seq 512 +14 % / -8 %). Shorter sequences
+    lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU).
     mma.sync: head_dim <= 64 with a causal mask: 128-key tiles (one tile holds a 128-row query tile's diagonal;
     the 64-key tiles lost 6-14 % there). Otherwise 64-key tiles: for d64 without mask they need 168 registers,
     so 3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the
@@ -156,7 +163,7 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
         return not isinstance(n, int) or n >= rows
 
     causal = spec.causal != "none"
-    if wgmma and at_least(spec.seq_q, 2048 if causal else 512 if spec.head_dim > 64 else 1024):
+    if wgmma and at_least(spec.seq_q, 2048 if causal else 512):
         if not causal:
             return wgmma_config(spec.head_dim)
         return replace(wgmma_config(spec.head_dim), lpt_heads=lpt_section(spec), group_diag=not at_least(spec.seq_q, 4097))
@@ -183,7 +190,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     per_group = WG and causal and cfg.group_diag
     DP = D + 8  # padded smem row (elements): 16 B shift per row, no ldmatrix bank conflicts
     CPR = D // 8  # 16-byte chunks per row
-    RS = D if WG else DP  # elements per tile row: wgmma's core-matrix layout needs no padding
+    RS = D if WG else DP  # elements per tile row: wgmma's layouts need no padding
+    SW = WG and cfg.swizzle and D % 64 == 0  # wgmma's 128-byte swizzled layout (rows of 64 elements)
     Q_OFF, K_OFF, V_OFF = 0, BM * RS, BM * RS + stages * BN * RS  # in one shared buffer (elements)
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
@@ -201,14 +209,24 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     assert not WG or (MT == 1 and cfg.warps % 4 == 0 and not cfg.q_in_regs and BN <= 256), "wgmma: whole warpgroups, m64"
     assert not WG or (stages == 3 and not cfg.pingpong), "wgmma pipeline: a ring of 3 K/V stages (see tile_wgmma)"
     assert SMEM * 2 <= 227 * 1024, f"{cfg.name}: {SMEM * 2} bytes of shared memory, more than an SM has"
+    assert not SW or (K_OFF * 2 % 1024, BN * RS * 2 % 1024) == (0, 0), "swizzled tiles start 1024-byte aligned"
 
-    def at(base, r, col):
-        """Element offset of tile row ``r``, column ``col`` (a multiple of 8 for wgmma) in the tile at ``base``.
+    def at(base, r, col, rows):
+        """Element offset of row ``r``, column ``col`` (a multiple of 8 for wgmma) of the ``rows``-row tile at ``base``.
 
-        wgmma (no swizzle) reads 8 x 8 core matrices of 128 contiguous bytes: core matrix (r // 8, col // 8) of a
-        row band sits at ((r // 8) * CPR + col // 8) * 64, so both descriptors' strides are constants: 128 B to the
-        next 8 columns, 16 * D B to the next 8 rows. Q and K are read K-major (rows = M / N), V MN-major (rows = K).
+        Q and K are read by wgmma K-major (rows = M / N), V MN-major (rows = K).
+        - ``SW``: 128-byte swizzle. Each 64 columns form a block of 128-byte rows (``rows`` x 64 elements), and the
+          16-byte chunk c of row r sits at chunk c ^ (r % 8) of its row, which is what wgmma undoes (from address
+          bits 7-9: tiles start 1024-byte aligned). A row's 128 contiguous bytes of global memory, copied by 8
+          neighbouring lanes, then fill 8 different bank groups: one store wavefront, and whole 128-byte lines read.
+          Descriptors: 8-row groups 1024 B apart (SBO); V's 64-column blocks rows * 128 B apart (LBO).
+        - Otherwise, no swizzle: 8 x 8 core matrices of 128 contiguous bytes, core matrix (r // 8, col // 8) of a
+          row band at ((r // 8) * CPR + col // 8) * 64, so both descriptors' strides are constants: 128 B to the next
+          8 columns, 16 * D B to the next 8 rows. (8 lanes fill one core matrix: 8 rows' 16 bytes each.)
+        - mma.sync: padded rows.
         """
+        if SW:
+            return base + col // 64 * (rows * 64) + r * 64 + (col % 64 // 8 ^ r % 8) * 8 + col % 8
         return base + (r // 8 * CPR + col // 8) * 64 + r % 8 * 8 + col % 8 if WG else base + r * DP + col
 
     def tile_start(bx):  # causal: the heaviest query tiles first
@@ -244,12 +262,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         ``nt`` threads numbered ``tx``."""
         for it in T.unroll((rows * CPR + nt - 1) // nt):
             cid = T.meta_var(it * nt + tx)
-            # wgmma layout: 8 neighbouring lanes fill one 128-byte core matrix (8 rows) in one store wavefront
-            r = T.meta_var(cid // (8 * CPR) * 8 + cid % 8 if WG else cid // CPR)
-            col = T.meta_var(cid // 8 % CPR * 8 if WG else cid % CPR * 8)
+            # no-swizzle wgmma layout: 8 neighbouring lanes fill one 128-byte core matrix (8 rows) in one store
+            # wavefront; else they copy 128 contiguous bytes of a row
+            r = T.meta_var(cid // (8 * CPR) * 8 + cid % 8 if WG and not SW else cid // CPR)
+            col = T.meta_var(cid // 8 % CPR * 8 if WG and not SW else cid % CPR * 8)
             if (it + 1) * nt <= rows * CPR or cid < rows * CPR:  # the last round may be partial
                 T.ptx["cp.async.cg.shared.global"](
-                    smem.ptr_to([at(base, r, col)]),
+                    smem.ptr_to([at(base, r, col, rows)]),
                     src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
                     16,
                     T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
@@ -269,9 +288,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         ldmatrix(False, qf, q_frag(mt, kk), smem, Q_OFF + (warp * WM + mt * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
 
     def desc(sbase, off, lbo, sbo):
-        """wgmma shared-memory matrix descriptor (no swizzle) of the tile at element ``off``; strides in bytes."""
+        """wgmma shared-memory matrix descriptor of the tile at element ``off`` (``at``'s layout); strides in bytes."""
         addr = T.Cast("uint64", ((sbase + T.Cast("uint32", off * 2)) >> T.uint32(4)) & T.uint32(0x3FFF))
-        return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32)
+        return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32 | (1 << 62 if SW else 0))
 
     # A register pin: an empty asm that claims to rewrite the register, so the compiler keeps every use of it after
     # the wgmma wait that precedes the pin (TVM's wgmma_noop_barrier takes its operand by value, pinning a copy).
@@ -280,6 +299,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                for t, c in (("float", "f"), ("uint", "r"))}
 
     wab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    # descriptor strides (LBO, SBO) in bytes, see ``at`` (K-major swizzled: LBO unused)
+    k_major, mn_major = ((16, 1024), (BN * 128, 1024)) if SW else ((128, 16 * D), (16 * D, 128))
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{{}}k16.f32.{wab}.{wab}"
 
     @T.macro
@@ -350,8 +371,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             for kk in T.unroll(KS):
                 T.ptx[wgmma.format(BN)](
                     *[sacc[i] for i in range(NS * 4)],
-                    desc(sbase[0], at(Q_OFF, warp // 4 * 64, kk * 16), 128, 16 * D),
-                    desc(sbase[0], at(K_OFF + stage, 0, kk * 16), 128, 16 * D),
+                    desc(sbase[0], at(Q_OFF, warp // 4 * 64, kk * 16, BM), *k_major),
+                    desc(sbase[0], at(K_OFF + stage, 0, kk * 16, BN), *k_major),
                     kk > 0, 1, 1, 0, 0)
             T.ptx["wgmma.commit_group.sync.aligned"]()
             pin(sacc, NS * 4, "float")
@@ -367,7 +388,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             for kk in T.unroll(BN // 16):
                 T.ptx[wgmma.format(D)](
                     *[oacc[i] for i in range(ND * 4)], pw[kk * 4], pw[kk * 4 + 1], pw[kk * 4 + 2], pw[kk * 4 + 3],
-                    desc(sbase[0], at(V_OFF + stage, kk * 16, 0), 16 * D, 128), True, 1, 1, 1)
+                    desc(sbase[0], at(V_OFF + stage, kk * 16, 0, BN), *mn_major), True, 1, 1, 1)
             T.ptx["wgmma.commit_group.sync.aligned"]()
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")

@@ -150,7 +150,7 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
 def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = None) -> CudaPlan:
     """Each row over ``chunks`` blocks (by default of ``_CHUNK_BYTES`` each, at most as many as the SMs hold at once:
     they exchange partials, so all must be resident), each chunk laid out like a streamed row."""
-    vec = 128 // tvm.DataType(dtype).bits
+    vec = 16 // (tvm.DataType(dtype).bits // 8)  # 16-byte vectors
     chunks = chunks or min(sms // rows, _ceil(cols * 16 // vec, _CHUNK_BYTES))
     return _stream_plan(rows * chunks, _ceil(softmax_tir.stream_vectors(cols, vec), chunks), vec, sms, chunks)
 

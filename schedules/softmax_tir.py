@@ -231,7 +231,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
     keep_shape = (C, U, L, V) if C else (1,)
     name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
-    split_src = _split_src(name, rows * P)
+    split_src = _split_src(name, rows * P) if P > 1 else ""
     f32, neg_inf = ACC, T.float32("-inf")
 
     # ``it`` below counts steps from the row's start (chunk c's are c * steps ... c * steps + steps - 1)

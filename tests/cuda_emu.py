@@ -166,13 +166,25 @@ static void emu_mma_tf32(float** d, const unsigned* a, const unsigned* b, const 
     B[q][g] = emu_tf32(r[4]); B[q + 4][g] = emu_tf32(r[5]);
   });
 }
-// wgmma (sm_90a) operands in shared memory, named by a matrix descriptor: start address, leading (LBO, along K)
-// and stride (SBO, along M/N) byte offsets between 8 x 16-byte core matrices, no swizzle. K-major: a core
-// matrix row is 8 k of one m/n; MN-major (transposed): 8 m/n of one k.
+// wgmma (sm_90a) operands in shared memory, named by a matrix descriptor: start address, leading (LBO) and
+// stride (SBO) byte offsets, layout (bits 62-63).
+// - No swizzle (0): LBO along K and SBO along M/N between 8 x 16-byte core matrices. K-major: a core matrix row
+//   is 8 k of one m/n; MN-major (transposed): 8 m/n of one k.
+// - 128-byte swizzle (1): 128-byte rows (64 elements) in 8-row groups SBO apart, each 16-byte chunk of a row
+//   stored at chunk ^ (address bits 7-9, the row within its 1024 bytes). K-major: a row is an m/n, k runs along
+//   it (one wgmma's 16 k stay within the row); MN-major: a row is a k, 64 m/n along it, blocks of 64 m/n LBO apart.
 template <typename T> static float emu_desc_elem(uint64_t desc, int mn, int k, bool mn_major) {
-  if (desc >> 62) std::abort();  // swizzled layouts are not emulated
   unsigned start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
-  unsigned off = start + mn / 8 * sbo + k / 8 * lbo + (mn_major ? k % 8 * 16 + mn % 8 * 2 : mn % 8 * 16 + k % 8 * 2);
+  unsigned off;
+  if (desc >> 62 == 0) {
+    off = start + mn / 8 * sbo + k / 8 * lbo + (mn_major ? k % 8 * 16 + mn % 8 * 2 : mn % 8 * 16 + k % 8 * 2);
+  } else if (desc >> 62 == 1) {
+    off = mn_major ? start + k / 8 * sbo + k % 8 * 128 + mn / 64 * lbo + mn % 64 * 2
+                   : start + mn / 8 * sbo + mn % 8 * 128 + k * 2;
+    off ^= (off >> 7 & 7) << 4;
+  } else {
+    std::abort();  // 32- and 64-byte swizzles are not emulated
+  }
   T v; std::memcpy(&v, emu_smem + off, 2); return (float)v;
 }
 // wgmma.mma_async.m64nNk16, f32 accumulator, run to completion at issue: warp w of the warpgroup owns rows

@@ -192,7 +192,7 @@ CUDA_CASES = {
 
 
 def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """The wgmma kernel the rule picks for long sequences (4 warpgroups), for a canonical attention function."""
+    """The wgmma kernel the rule picks for long sequences (swizzled tiles), for a canonical attention function."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import flash_mma, wgmma_config
 
@@ -235,6 +235,9 @@ TILE_CONFIGS = {
                                   (2, 300, 340, 2, 1, 64, "bfloat16", (2, 1, 1, 340), "BottomRight")),
     "wgmma-per-group-diagonals-d128": (dict(warps=16, m_tiles=1, bn=32, stages=3, wgmma=True, group_diag=True),
                                        (1, 260, 260, 2, 2, 128, "float16", None, "TopLeft")),
+    # tiles in wgmma's no-swizzle core-matrix layout (the option the benchmark times; head dims not a multiple of 64)
+    "wgmma-unswizzled": (dict(warps=12, m_tiles=1, bn=64, stages=3, wgmma=True, swizzle=False),
+                         (2, 200, 230, 2, 1, 128, "float16", (2, 1, 1, 230), None)),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -302,13 +305,13 @@ def test_cuda_tensor_core_fully_masked_rows(rng):
 
 
 @pytest.mark.parametrize("target, insns", [
-    ("cuda-sm90", ("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+    ("cuda-sm90", ("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
                    "wgmma.wait_group.sync.aligned 1", "fence.proxy.async.shared::cta", "cp.async.cg.shared.global")),
     ("cuda-sm80", ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "cp.async.wait_group")),
 ])
 def test_cuda_source_uses_tensor_cores(target, insns):
-    """A long sequence: Hopper (sm_90a) gets the wgmma kernel (S: m64 x 32 keys, O: m64 x d128), Ampere mma.sync;
+    """A long sequence: Hopper (sm_90a) gets the wgmma kernel (S: m64 x 64 keys, O: m64 x d128), Ampere mma.sync;
     both exponentiate with the bare ex2.approx.ftz (exp2f's subnormal fix-ups cost 3 instructions a score)."""
     func, target = cuda_kernel(attention_module(1, 1100, 1100, 2, 2, 128, "float16"), target=target)
     exe = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}), target=target)
@@ -320,7 +323,8 @@ def test_cuda_source_uses_tensor_cores(target, insns):
 
 
 def test_cuda_rule_picks_wgmma_where_it_won():
-    """wgmma (sm_90a only) for long sequences (causal: from 2048 rows, launched in L2 sections); else mma.sync."""
+    """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, launched in L2 sections), 4 warpgroups
+    for d64, 3 for d128, 64-key tiles; else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -328,7 +332,10 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         return AttentionSpec(8, seq, seq, 16, kv_heads, d, d, "float16", d ** -0.5, causal, None, None)
 
     assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
-    assert not choose(spec(1024, 64, "TopLeft"), wgmma=True).wgmma and not choose(spec(512, 64), wgmma=True).wgmma
+    assert not choose(spec(1024, 64, "TopLeft"), wgmma=True).wgmma and not choose(spec(256, 64), wgmma=True).wgmma
+    for seq, d, causal in ((512, 64, "none"), (512, 128, "none"), (2048, 128, "TopLeft"), (8192, 64, "TopLeft")):
+        cfg = choose(spec(seq, d, causal), wgmma=True)
+        assert (cfg.wgmma, cfg.warps, cfg.bn, cfg.swizzle) == (True, 16 if d == 64 else 12, 64, True), (seq, d, causal, cfg)
     # sections: pairs whose K/V (seq x 2d x 2 bytes each) fit 32 MB, rounded down to a power of two, x query heads per K/V head
     sections = {(8192, 64, 16): 16, (2048, 64, 16): 64, (8192, 128, 16): 8, (6000, 128, 4): 4 * 8, (70000, 128, 16): 1}
     for (seq, d, kv_heads), pairs in sections.items():
