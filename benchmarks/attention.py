@@ -69,25 +69,30 @@ class Case:
         return full / 2 if self.causal else full
 
     def variants(self, spec) -> list:
-        """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the
-        rule picks without wgmma (sm_80's choice), wgmma kernels (``g``) of 3 or 4 warpgroups (``w12/w16``)
-        with other key tiles, and the rule's kernel on CUDA's exp2f (``e``), on wgmma with unswizzled tiles (``u``)
-        and, causal on wgmma, with per-warpgroup diagonals (``d``) switched or (d128) 4 warpgroups of 32-key tiles.
-        The correctness cases check the wgmma kernel too, where the rule picks mma.sync for their short sequences."""
-        from schedules.attention_cuda import TC_DTYPES, TC_HEAD_DIMS, TileConfig, choose, wgmma_config
+        """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the rule
+        picks without wgmma (sm_80's choice); the wgmma kernel without TMA that the rule picked before it
+        (cp.async from every thread; causal up to 4096 rows with per-warpgroup diagonals); and the rule's TMA
+        kernel with 2 computing warpgroups in ping-pong (``p``), with 2 stages, and with 2 computing warpgroups
+        instead of 3 or 3 instead of 2 (d128: of 64-key tiles), or where the rule keeps mma.sync, the TMA
+        kernel. The correctness cases check the rule's wgmma kernel too, where it picks mma.sync for their short
+        sequences."""
+        from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, choose, cp_async_wgmma_config, lpt_section,
+                                             wgmma_config)
 
         chosen = choose(spec, wgmma=True)
         if not self.bench:
-            wgmma = wgmma_config(self.head_dim)
+            wgmma = wgmma_config(self.head_dim, bool(self.causal))
             tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
             return [wgmma] if tensor_cores and wgmma != chosen else []
-        shapes = ((16, 64), (12, 64), (12, 128)) if self.head_dim <= 64 else ((16, 32), (12, 64), (12, 96))
-        other = [choose(spec), replace(chosen, ftz_exp=False)] + ([replace(chosen, swizzle=False)] if chosen.wgmma else [])
-        if chosen.wgmma and self.causal:
-            other.append(replace(chosen, group_diag=not chosen.group_diag))
-            if self.head_dim > 64:  # the previous rule's causal kernel: 4 warpgroups of 32-key tiles
-                other.append(replace(chosen, warps=16, bn=32))
-        other += [TileConfig(warps=w, m_tiles=1, bn=n, stages=3, wgmma=True) for w, n in shapes]
+        before = cp_async_wgmma_config(self.head_dim)
+        if self.causal:
+            before = replace(before, lpt_heads=chosen.lpt_heads, group_diag=self.seq_q <= 4096)
+        other = [choose(spec), before]
+        if not chosen.wgmma:  # (d64 causal at seq 512)
+            other.append(replace(wgmma_config(self.head_dim, True), lpt_heads=lpt_section(spec)))
+        if chosen.tma:
+            other += [replace(chosen, warps=8, pingpong=True), replace(chosen, stages=2),
+                      replace(chosen, warps=20 - chosen.warps, bn=128 if self.head_dim <= 64 else 64)]
         return [c for c in other if c != chosen]
 
 

@@ -45,9 +45,16 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
   under it, P·V of tile j issued; tile j+1's softmax runs while P·V is on the tensor cores;
 * every wgmma is issued and waited on every path (ptxas serialises all of them otherwise), and empty-asm
   register pins keep the compiler from moving register uses across the waits;
-* causal (``group_diag``): each warpgroup stops at its own rows' diagonal; the per-tile barrier is then a named
-  barrier over the warpgroups still at that tile (and those that stopped at it), and the last warpgroup copies
-  every K/V tile.
+* head dims of 64 and 128 (``tma``): warp-specialised as FlashAttention-3 and cuDNN. One more warpgroup, the
+  producer, gives its registers to the others (``setmaxnreg``: 24 per thread, 240 for each of 2 computing
+  warpgroups, enough for 128-key tiles) and one of its threads streams Q and every K/V tile into the stages with
+  TMA (``cp.async.bulk.tensor`` from tensor maps the host function encodes, written in the 128-byte swizzle);
+  a stage's mbarrier completes on its bytes, and the computing warps release it once their P·V has read it. No
+  thread of the computing warpgroups copies, and no CTA barrier stands between tiles. Optionally (``pingpong``)
+  the two computing warpgroups take turns issuing their GEMMs (named barriers);
+* without TMA, causal (``group_diag``): each warpgroup stops at its own rows' diagonal; the per-tile barrier is
+  then a named barrier over the warpgroups still at that tile (and those that stopped at it), and the last
+  warpgroup copies every K/V tile.
 
 Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4): A regs a0..a3 hold rows
 (g, g+8, g, g+8) x cols (2t, 2t, 2t+8, 2t+8); B regs b0, b1 hold k rows 2t, 2t+8 of column g;
@@ -101,23 +108,37 @@ class TileConfig:
     lpt: bool = True  # causal: launch the longest query tiles of all heads first (largest-processing-time order)
     lpt_heads: int = 0  # causal: LPT within sections of this many (batch, head) pairs, one after the other (0: one)
     pingpong: bool = False  # two warp groups take turns on the tensor cores: one's GEMM overlaps the other's softmax
+    # (mma.sync; wgmma: with TMA and 2 computing warpgroups)
     wgmma: bool = False  # Hopper (sm_90a): each group of 4 warps runs both GEMMs as one wgmma.m64 (needs m_tiles=1)
     # exponentiate with the bare ex2.approx.ftz (``common.ex2``), not CUDA's exp2f (H200, one run: +2-10 % on 6 of the
     # 12 benchmark shapes, level on 4, -5-10 % for d128 at seq 512 in two runs)
     ftz_exp: bool = True
     group_diag: bool = False  # causal wgmma: each warpgroup stops at its own diagonal (``per_group`` in flash_mma)
     swizzle: bool = True  # wgmma, head_dim a multiple of 64: tiles in the 128-byte swizzled layout (see ``at``)
+    # wgmma, swizzled: warp-specialised, one more warpgroup loads Q/K/V with TMA (``warps`` counts the others)
+    tma: bool = False
 
     @property
     def name(self) -> str:
         return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
                 f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
-                f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}")
+                f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}")
 
 
-def wgmma_config(head_dim: int) -> TileConfig:
-    """The wgmma kernel's shape (see ``choose``): 64-key tiles, 4 warpgroups up to head_dim 64, else 3."""
+def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
+    """The wgmma kernel's shape (see ``choose``). Head dims of 64 and 128: warp-specialised, a TMA producer warpgroup
+    and computing warpgroups of 128-key tiles in a ring of 3 stages, 3 of them (192 query rows) for head_dim 64
+    without a causal mask, else 2. Others (no TMA: their rows do not fill the 128-byte swizzle): 64-key tiles copied
+    by every thread, 4 warpgroups up to head_dim 64, else 3."""
+    if head_dim % 64 == 0:
+        return TileConfig(warps=12 if head_dim <= 64 and not causal else 8, m_tiles=1, bn=128, stages=3, wgmma=True,
+                          tma=True)
+    return cp_async_wgmma_config(head_dim)
+
+
+def cp_async_wgmma_config(head_dim: int) -> TileConfig:
+    """The wgmma kernel without TMA (the rule's before it): 64-key tiles, 4 warpgroups up to head_dim 64, else 3."""
     return TileConfig(warps=16 if head_dim <= 64 else 12, m_tiles=1, bn=64, stages=3, wgmma=True)
 
 
@@ -144,16 +165,24 @@ def lpt_section(spec) -> int:
 def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
-    wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count; d64 at 512, two runs:
-    +10 % / -3 % over mma.sync), or a causal mask and at least 2048 rows, launched in L2 sections (``lpt_section``); up
-    to 4096 rows each warpgroup also stops at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at
-    8192, where the diagonal is a smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all
-    copies). 64-key tiles. 4 warpgroups (256 query rows) per CTA for head_dim <= 64: their GEMMs cover each other's
-    waits at the per-tile barrier (3 warpgroups of 128-key tiles, two runs: no mask -10 % / 0 % at seq 512, +0-2 %
-    at 2048, +5-6 % at 8192; causal -8-23 %). 3 for larger heads, whose 64-key tiles do not fit 4 warpgroups' 128
-    registers per thread (H200, two runs, tiles swizzled: +7-14 % at seq >= 2048 over 4 warpgroups of 32-key tiles,
-    which had won before the swizzle, when 3 warpgroups lost 3-15 %; at seq 512 +14 % / -8 %). Shorter sequences
-    lose to mma.sync (a 256-row tile is mostly padding, and fewer CTAs fill the GPU).
+    wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count), or a causal mask
+    and at least 2048 rows (head_dim 128 with TMA: 512), causal launched in L2 sections (``lpt_section``).
+    - Head dims of 64 and 128 (``wgmma_config``): the TMA kernel, computing warpgroups of 128-key tiles in 3
+      stages. H200, same run (2026-12-01 09:33), against the cp.async kernel below: d128 +16-19 % at seq 8192,
+      +11-14 % at 2048, +3-6 % at 512; d64 +12-33 % at 8192, +6-20 % at 2048, -3 % at 512 without a mask (an earlier
+      run, 2 computing warpgroups for d64 too: +6-14 % at seq >= 2048). d128 causal at seq 512: +6-20 % over
+      mma.sync in two runs (d64 there: -10-13 %, so mma.sync stays). d64 without a mask: 3 computing warpgroups
+      +14-20 % over 2 at seq >= 2048 in two runs (their 160 registers hold 128-key tiles of d64; causal, 3 lose
+      5-25 %). 2 stages ran 13-32 % slower. The 2 warpgroups' ping-pong (``pingpong``) measured -6 to +17 % across
+      shapes and three runs (not taken).
+    - Other head dims, the cp.async kernel (``cp_async_wgmma_config``): up to 4096 rows each warpgroup also stops
+      at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at 8192, where the diagonal is a
+      smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all copies). 64-key tiles. 4
+      warpgroups (256 query rows) per CTA for head_dim <= 64: their GEMMs cover each other's waits at the per-tile
+      barrier (3 warpgroups of 128-key tiles, two runs: no mask -10 % / 0 % at seq 512, +0-2 % at 2048, +5-6 % at
+      8192; causal -8-23 %). 3 for larger heads, whose 64-key tiles do not fit 4 warpgroups' 128 registers per
+      thread (H200, two runs, tiles swizzled: +7-14 % at seq >= 2048 over 4 warpgroups of 32-key tiles).
+    Shorter sequences lose to mma.sync (a tile of 128-256 rows is mostly padding, and fewer CTAs fill the GPU).
     mma.sync: head_dim <= 64 with a causal mask: 128-key tiles (one tile holds a 128-row query tile's diagonal;
     the 64-key tiles lost 6-14 % there). Otherwise 64-key tiles: for d64 without mask they need 168 registers,
     so 3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the
@@ -163,10 +192,11 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
         return not isinstance(n, int) or n >= rows
 
     causal = spec.causal != "none"
-    if wgmma and at_least(spec.seq_q, 2048 if causal else 512):
+    cfg = wgmma_config(spec.head_dim, causal)
+    if wgmma and at_least(spec.seq_q, 2048 if causal and not (cfg.tma and spec.head_dim > 64) else 512):
         if not causal:
-            return wgmma_config(spec.head_dim)
-        return replace(wgmma_config(spec.head_dim), lpt_heads=lpt_section(spec), group_diag=not at_least(spec.seq_q, 4097))
+            return cfg
+        return replace(cfg, lpt_heads=lpt_section(spec), group_diag=not cfg.tma and not at_least(spec.seq_q, 4097))
     return TileConfig(bn=128 if spec.head_dim <= 64 and causal else 64)
 
 
@@ -181,9 +211,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     HG = cfg.lpt_heads
     grouped = lpt and HG > 0
     MT, stages = cfg.m_tiles, cfg.stages
-    WM, NT = 16 * MT, 32 * cfg.warps  # rows per warp, threads
+    WS = cfg.tma  # warp-specialised: a producer warpgroup (the last) loads every tile with TMA
+    WM, NC = 16 * MT, 32 * cfg.warps  # rows per warp, threads that compute
+    NT = NC + 128 * WS  # threads
     BM, BN = WM * cfg.warps, cfg.bn
-    WG, NW = cfg.wgmma, cfg.warps // 4  # wgmma; warpgroups
+    WG, NW = cfg.wgmma, cfg.warps // 4  # wgmma; warpgroups that compute
     # Causal wgmma: each warpgroup runs its own number of key tiles, up to its rows' diagonal, instead of all up to
     # the query tile's (a dead warpgroup's wgmma take the tensor cores from the others). The tile barrier then
     # counts the warpgroups still at a tile, and the last warpgroup (which sees every tile) copies the K/V tiles.
@@ -194,6 +226,15 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     SW = WG and cfg.swizzle and D % 64 == 0  # wgmma's 128-byte swizzled layout (rows of 64 elements)
     Q_OFF, K_OFF, V_OFF = 0, BM * RS, BM * RS + stages * BN * RS  # in one shared buffer (elements)
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows
+    # TMA's mbarriers after the tiles: full[stages] (tile in), empty[stages] (tile consumed), Q in
+    SMEM_ALLOC = SMEM + 4 * (2 * stages + 1) * WS
+    min_blocks = 1 if WS else cfg.min_blocks
+    # setmaxnreg moves registers between the warps of a CTA: what the producer gives up (down to 24 per thread),
+    # the computing warpgroups take (up to 240; FA3's split). The CTA starts with EVEN_REGS per thread (ptxas's most
+    # under __launch_bounds__(NT, 1)), and no warp can take more than the others have given (it would wait forever).
+    EVEN_REGS = 65536 // NT // 8 * 8
+    CONSUMER_REGS = min(240, (EVEN_REGS * (NW + 1) - 24) // max(NW, 1) // 8 * 8)
+    PRODUCER_REGS = EVEN_REGS * (NW + 1) - NW * CONSUMER_REGS
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
@@ -207,9 +248,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
     assert not cfg.pingpong or cfg.warps % 2 == 0, "ping-pong needs two equal warp groups"
     assert not WG or (MT == 1 and cfg.warps % 4 == 0 and not cfg.q_in_regs and BN <= 256), "wgmma: whole warpgroups, m64"
-    assert not WG or (stages == 3 and not cfg.pingpong), "wgmma pipeline: a ring of 3 K/V stages (see tile_wgmma)"
-    assert SMEM * 2 <= 227 * 1024, f"{cfg.name}: {SMEM * 2} bytes of shared memory, more than an SM has"
+    assert not WG or stages == 3 or WS, "wgmma pipeline: a ring of 3 K/V stages (see tile_wgmma)"
+    assert not (WG and cfg.pingpong) or (WS and NW == 2), "wgmma ping-pong: 2 computing warpgroups and a producer"
     assert not SW or (K_OFF * 2 % 1024, BN * RS * 2 % 1024) == (0, 0), "swizzled tiles start 1024-byte aligned"
+    assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
+    assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
         """Element offset of row ``r``, column ``col`` (a multiple of 8 for wgmma) of the ``rows``-row tile at ``base``.
@@ -287,6 +330,10 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     def load_q(qf, smem, warp, lane, mt, kk):  # A fragment rows (lane % 16), cols kk*16 + (lane / 16) * 8
         ldmatrix(False, qf, q_frag(mt, kk), smem, Q_OFF + (warp * WM + mt * 16 + lane % 16) * DP + kk * 16 + lane // 16 * 8)
 
+    def mbar(sbase, i):
+        """Shared-window address of TMA mbarrier ``i`` (``SMEM_ALLOC``: full[stages], empty[stages], Q's)."""
+        return sbase[0] + T.Cast("uint32", SMEM * 2 + i * 8)
+
     def desc(sbase, off, lbo, sbo):
         """wgmma shared-memory matrix descriptor of the tile at element ``off`` (``at``'s layout); strides in bytes."""
         addr = T.Cast("uint64", ((sbase + T.Cast("uint32", off * 2)) >> T.uint32(4)) & T.uint32(0x3FFF))
@@ -304,7 +351,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{{}}k16.f32.{wab}.{wab}"
 
     @T.macro
-    def attend(smem, q, k, v, bias, out, bx, h, b, tx):
+    def attend(smem, q, k, v, bias, out, bx, h, b, tx, maps):
         qf = T.alloc_buffer((QF,), dtype, scope="local")
         kf = T.alloc_buffer((8,), dtype, scope="local")
         vf = T.alloc_buffer((8,), dtype, scope="local")
@@ -312,6 +359,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         pf = T.alloc_buffer((MT * NS * 4,), dtype, scope="local")
         pw = T.decl_buffer((MT * NS * 2,), "uint32", data=pf.data, scope="local")  # P's fragments as wgmma's A registers
         sbase = T.alloc_buffer((1,), "uint32", scope="local")  # the shared buffer's shared-window address
+        done = T.alloc_buffer((1,), "uint32", scope="local")  # TMA: an mbarrier phase completed
         oacc = T.alloc_buffer((MT * ND * 4,), f32, scope="local")
         # per row held by this thread (m-tile mt, row g + r*8 at index mt*2 + r): running max and sum; the
         # tile's max, sum, rescale factor and exponent base
@@ -330,12 +378,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         n_kv = T.meta_var(kv_tiles(q0))
         if WG:
             sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
-        load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx, NT)
-        for p in T.unroll(stages - 1):  # prologue: tiles 0 .. stages-2 in flight, one commit group each
-            if p < n_kv:
-                load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx, NT)
-                load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx, NT)
-            T.ptx.cp.async_.commit_group()
+        if not WS:
+            load_rows(smem, Q_OFF, q, b, q0, sq, h, BM, tx, NT)
+            for p in T.unroll(stages - 1):  # prologue: tiles 0 .. stages-2 in flight, one commit group each
+                if p < n_kv:
+                    load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx, NT)
+                    load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx, NT)
+                T.ptx.cp.async_.commit_group()
         for i in T.unroll(MT * ND * 4):
             oacc[i] = T.float32(0)
         for i in T.unroll(MT * 2):
@@ -344,12 +393,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         @T.inline
         def my_turn():  # ping-pong: wait until the other warp group has issued its GEMM (named barrier 1 + group)
             if cfg.pingpong:
-                T.ptx["bar.sync"](T.Cast("uint32", 1 + warp // (cfg.warps // 2)), T.uint32(NT))
+                T.ptx["bar.sync"](T.Cast("uint32", 1 + warp // (cfg.warps // 2)), T.uint32(NC))
 
         @T.inline
         def your_turn():  # ping-pong: this group's GEMM is issued, the other group's may start
             if cfg.pingpong:
-                T.ptx["bar.arrive"](T.Cast("uint32", 2 - warp // (cfg.warps // 2)), T.uint32(NT))
+                T.ptx["bar.arrive"](T.Cast("uint32", 2 - warp // (cfg.warps // 2)), T.uint32(NC))
 
         @T.inline
         def pin(buf, n, ctype):
@@ -394,6 +443,38 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             pin(pw, NS * 2, "uint")
 
         @T.inline
+        def bar_wait(i, phase):
+            """Wait until mbarrier i has completed the phase of parity ``phase``."""
+            done[0] = T.uint32(0)
+            while done[0] == T.uint32(0):
+                T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], mbar(sbase, i), T.Cast("uint32", phase))
+
+        @T.inline
+        def tma(tmap, off, rows, row0, head, i):
+            """TMA: rows row0.. of ``head`` (zero past the end) -> the ``rows``-row tile at ``off`` (``at``'s swizzled
+            layout: one box per 64 columns), completing on mbarrier i."""
+            for cb in T.unroll(D // 64):
+                T.ptx.cp(sbase[0] + T.Cast("uint32", (off + cb * (rows * 64)) * 2),
+                         T.reinterpret(T.handle().ty, T.address_of(tmap)), cb * 64, head, row0, b, mbar(sbase, i),
+                         "async", "bulk", "tensor", "4d", "shared::cluster", "global", "",
+                         "mbarrier::complete_tx::bytes", "", "", "", "")
+
+        @T.inline
+        def produce():
+            """The producer warpgroup: gives its registers to the others; one thread loads Q, then key tiles into the
+            ring, each once every computing warp has released the stage (its last P·V done)."""
+            if tx == NC:
+                T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](mbar(sbase, 2 * stages), T.uint32(BM * D * 2))
+                tma(maps[0], Q_OFF, BM, q0, h, 2 * stages)
+                for j in T.serial(T.max(n_kv, 1)):  # (tile 0 always: the computing warps start with it)
+                    if j >= stages:
+                        bar_wait(stages + j % stages, (j // stages + 1) % 2)
+                    T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](mbar(sbase, j % stages),
+                                                                       T.uint32(2 * BN * D * 2))
+                    tma(maps[1], K_OFF + j % stages * (BN * RS), BN, j * BN, hk, j % stages)
+                    tma(maps[2], V_OFF + j % stages * (BN * RS), BN, j * BN, hk, j % stages)
+
+        @T.inline
         def arrived(pending, j=None):
             """All but the newest ``pending`` copy groups are in shared memory, for wgmma too, for every thread (of
             the warpgroups at key tile ``j`` or past their last one before it, ``per_group``)."""
@@ -422,26 +503,33 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
         @T.inline
         def tile_wgmma(j, n_plain):
-            """Key tile j on wgmma, FlashAttention-3's in-warpgroup pipeline over a ring of 3 K/V stages. On entry P
-            of tile j is in pf and O holds tiles < j. S of tile j+1 is issued, O rescaled under it, P·V of tile j
-            issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile."""
-            # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1, whose
-            # stage is refilled
-            arrived(0, j)
-            # copied by every thread, or per_group by the last warpgroup, the one that sees every tile
-            copier = T.meta_var(warp // 4 == NW - 1 if per_group else True)
-            ctx, cnt = T.meta_var((tx % 128, 128) if per_group else (tx, NT))
-            if j + 2 < n_kv:  # (issued behind the GEMMs instead, the copies delayed the softmax: -5 %)
-                if copier:
-                    load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
-                    load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
-            T.ptx.cp.async_.commit_group()
+            """Key tile j on wgmma, FlashAttention-3's in-warpgroup pipeline over a ring of K/V stages. On entry P of
+            tile j is in pf and O holds tiles < j. S of tile j+1 is issued, O rescaled under it, P·V of tile j
+            issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile (cp.async, 3
+            stages; TMA: as the producer gets each stage back)."""
+            if WS:  # tile j+1 is in (TMA); the producer refills stages as they are released
+                if j + 1 < n_kv:
+                    bar_wait((j + 1) % stages, (j + 1) // stages % 2)
+            else:
+                # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1,
+                # whose stage is refilled
+                arrived(0, j)
+                # copied by every thread, or per_group by the last warpgroup, the one that sees every tile
+                copier = T.meta_var(warp // 4 == NW - 1 if per_group else True)
+                ctx, cnt = T.meta_var((tx % 128, 128) if per_group else (tx, NT))
+                if j + 2 < n_kv:  # (issued behind the GEMMs instead, the copies delayed the softmax: -5 %)
+                    if copier:
+                        load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
+                        load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
+                T.ptx.cp.async_.commit_group()
             # The wgmma are issued and waited on every path (after the last tile, S of a stale stage is computed and
             # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
             # per path and serialises every wgmma of the kernel if a branch leaves it unsure
+            my_turn()  # ping-pong (FA3): both GEMMs issued in this warpgroup's turn, its softmax under the other's
             qk_wgmma((j + 1) % stages * (BN * RS))
             rescale_o()
             pv_wgmma(j % stages * (BN * RS))
+            your_turn()
             T.ptx["wgmma.wait_group.sync.aligned"](1)  # groups retire in order: S is in, P·V may run on
             pin(sacc, NS * 4, "float")
             if j + 1 < n_kv:
@@ -449,6 +537,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
+            if WS:  # this warp's P·V of tile j is done: its stage may be refilled
+                if lane == 0:
+                    T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, stages + j % stages))
             if j + 1 < n_kv:
                 to_p()
 
@@ -583,103 +674,173 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             your_turn()
             T.tvm_storage_sync("shared")
 
-        if cfg.pingpong:  # group 0 has the first turn
-            if warp >= cfg.warps // 2:
-                T.ptx["bar.arrive"](T.uint32(1), T.uint32(NT))
-        if WG:  # P of the first tile, then the pipeline
-            arrived(1)
-            qk_wgmma(0)
-            T.ptx["wgmma.wait_group.sync.aligned"](0)
-            pin(sacc, NS * 4, "float")
-            softmax(0, True)
-            to_p()
-            n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
-            mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)
-            for j in T.serial(mine):
-                tile_wgmma(j, n_plain)
-            if per_group:
-                if mine < n_kv:  # its copies are in, and its last P·V has read its stage
-                    arrived(0, mine)
-        elif has_bias:  # every score takes its bias: one loop
-            for j in T.serial(n_kv):
-                tile(j, True)
-        else:  # first the tiles inside the sequence and wholly below the causal diagonal, unmasked; then the rest
-            n_plain = T.meta_var(T.min(n_kv, plain_tiles(q0)))
-            for j in T.serial(n_plain):
-                tile(j, False)
-            for j in T.serial(n_plain, n_kv):
-                tile(j, True)
-        if cfg.pingpong:  # group 0 takes group 1's last hand-over: every arrival is matched
-            if warp < cfg.warps // 2:
-                T.ptx["bar.sync"](T.uint32(1), T.uint32(NT))
-        T.ptx.cp.async_.wait_group(0)
-        if WG:  # the staging below overwrites other warps' Q rows (the padded layout differs from wgmma's)
+        @T.inline
+        def compute():
+            if cfg.pingpong:  # group 0 has the first turn
+                if warp >= cfg.warps // 2:
+                    T.ptx["bar.arrive"](T.uint32(1), T.uint32(NC))
+            if WG:  # P of the first tile, then the pipeline
+                if WS:  # Q and key tile 0 are in
+                    bar_wait(2 * stages, 0)
+                    bar_wait(0, 0)
+                else:
+                    arrived(1)
+                qk_wgmma(0)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
+                pin(sacc, NS * 4, "float")
+                softmax(0, True)
+                to_p()
+                n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
+                mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)
+                for j in T.serial(mine):
+                    tile_wgmma(j, n_plain)
+                if per_group:
+                    if mine < n_kv:  # its copies are in, and its last P·V has read its stage
+                        arrived(0, mine)
+            elif has_bias:  # every score takes its bias: one loop
+                for j in T.serial(n_kv):
+                    tile(j, True)
+            else:  # first the tiles inside the sequence and wholly below the causal diagonal, unmasked; then the rest
+                n_plain = T.meta_var(T.min(n_kv, plain_tiles(q0)))
+                for j in T.serial(n_plain):
+                    tile(j, False)
+                for j in T.serial(n_plain, n_kv):
+                    tile(j, True)
+            if cfg.pingpong:  # group 0 takes group 1's last hand-over: every arrival is matched
+                if warp < cfg.warps // 2:
+                    T.ptx["bar.sync"](T.uint32(1), T.uint32(NC))
+
+        @T.inline
+        def epilogue():
+            T.ptx.cp.async_.wait_group(0)
+            if WG:  # the staging below overwrites other warps' Q rows (the padded layout differs from wgmma's)
+                T.tvm_storage_sync("shared")
+            # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
+            # this warp's own Q rows in shared memory, then 16-byte coalesced stores
+            for i in T.unroll(MT * 2):
+                lsum[i] = lsum[i] + shfl(lsum[i], 1)
+                lsum[i] = lsum[i] + shfl(lsum[i], 2)
+                lsum[i] = T.float32(1) / lsum[i]
+            @T.inline
+            def stage_o():
+                for mt in T.unroll(MT):
+                    for d in T.unroll(ND):
+                        for c in T.unroll(4):
+                            smem[Q_OFF + (warp * WM + mt * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
+                                dtype, oacc[(mt * ND + d) * 4 + c] * lsum[mt * 2 + c // 2]
+                            )
+
+            if WS:  # (not the producer warps)
+                if warp < cfg.warps:
+                    stage_o()
+            else:
+                stage_o()
             T.tvm_storage_sync("shared")
-        # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
-        # this warp's own Q rows in shared memory, then 16-byte coalesced stores
-        for i in T.unroll(MT * 2):
-            lsum[i] = lsum[i] + shfl(lsum[i], 1)
-            lsum[i] = lsum[i] + shfl(lsum[i], 2)
-            lsum[i] = T.float32(1) / lsum[i]
-        for mt in T.unroll(MT):
-            for d in T.unroll(ND):
-                for c in T.unroll(4):
-                    smem[Q_OFF + (warp * WM + mt * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
-                        dtype, oacc[(mt * ND + d) * 4 + c] * lsum[mt * 2 + c // 2]
-                    )
-        T.tvm_storage_sync("shared")
-        for it in T.unroll(BM * CPR // NT):
-            cid = T.meta_var(it * NT + tx)
-            r = T.meta_var(cid // CPR)
-            col = T.meta_var(cid % CPR * 8)
-            if q0 + r < sq:
-                for e in T.vectorized(8):
-                    out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
+            for it in T.unroll((BM * CPR + NT - 1) // NT):
+                cid = T.meta_var(it * NT + tx)
+                r = T.meta_var(cid // CPR)
+                col = T.meta_var(cid % CPR * 8)
+                if q0 + r < sq and ((it + 1) * NT <= BM * CPR or cid < BM * CPR):
+                    for e in T.vectorized(8):
+                        out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
+
+        if WS:  # warp-specialised: the last warpgroup loads, the others compute with its registers
+            # mbarriers: full[s] waits for one arrival (the producer's) and the tile's bytes, empty[s] for every
+            # computing warp, Q's for the producer
+            if tx == 0:
+                for i in T.unroll(stages):
+                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, i), T.uint32(1))
+                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, stages + i), T.uint32(cfg.warps))
+                T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, 2 * stages), T.uint32(1))
+                T.ptx["fence.mbarrier_init.release.cluster"]()
+            T.tvm_storage_sync("shared")
+            if warp // 4 == NW:
+                T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGS)
+                produce()
+                T.ptx["bar.sync"](T.uint32(3), T.uint32(NT))  # (1 and 2 are the ping-pong's)
+                T.ptx["setmaxnreg.inc.sync.aligned.u32"](EVEN_REGS)
+            else:
+                T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
+                compute()
+                T.ptx["setmaxnreg.dec.sync.aligned.u32"](EVEN_REGS)
+                T.ptx["bar.arrive"](T.uint32(3), T.uint32(NT))
+            # registers shared evenly again: the producer takes its share back once every computing warp has
+            # returned it (named barrier 3; taken before, by the producer warps that load nothing, the computing
+            # warps could not get theirs and the CTA hung), inside the branch (after it, ptxas would keep the epilogue
+            # to the producer's 24 registers: spills, serialised wgmma). Then all threads stage O over the tiles, the
+            # producer's loads all consumed (the epilogue's shared accesses outside the branches, for TVM's sync
+            # planner).
+            epilogue()
+        else:
+            compute()
+            epilogue()
 
     @T.macro
-    def block(q, k, v, bias, out, bx, h, b, tx):
+    def block(q, k, v, bias, out, bx, h, b, tx, maps):
         with T.sblock("flash_attention"):
             T.reads()
             T.writes()
             # Q | K stages | V stages; > 48 KB is opted in at launch. Named per dtype: kernels
             # of both types can share one CUDA module (same-named extern __shared__ arrays must agree)
             if dtype == "float16":
-                smem_f16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                attend(smem_f16, q, k, v, bias, out, bx, h, b, tx)
+                smem_f16 = T.alloc_buffer((SMEM_ALLOC,), dtype, scope="shared.dyn")
+                attend(smem_f16, q, k, v, bias, out, bx, h, b, tx, maps)
             else:
-                smem_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                attend(smem_bf16, q, k, v, bias, out, bx, h, b, tx)
+                smem_bf16 = T.alloc_buffer((SMEM_ALLOC,), dtype, scope="shared.dyn")
+                attend(smem_bf16, q, k, v, bias, out, bx, h, b, tx, maps)
 
     @T.macro
-    def cta(q, k, v, bias, out, bx, h, b):
+    def cta(q, k, v, bias, out, bx, h, b, maps):
         for tx in T.thread_binding(NT, thread="threadIdx.x"):
-            if cfg.min_blocks > 0:  # __launch_bounds__(NT, min_blocks): ptxas caps the registers so that many CTAs fit an SM
-                with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", cfg.min_blocks):
-                    block(q, k, v, bias, out, bx, h, b, tx)
+            # __launch_bounds__(NT, min_blocks): ptxas caps the registers so that many CTAs fit an SM (TMA: one, which
+            # lets ptxas honour setmaxnreg)
+            if min_blocks > 0:
+                with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", min_blocks):
+                    block(q, k, v, bias, out, bx, h, b, tx, maps)
             else:
-                block(q, k, v, bias, out, bx, h, b, tx)
+                block(q, k, v, bias, out, bx, h, b, tx, maps)
 
     @T.macro
-    def body(q, k, v, bias, out):
+    def grid(q, k, v, bias, out, maps):
         if grouped:  # LPT within sections of HG (batch, head) pairs, section after section (FA3's tile scheduler)
             pairs = T.meta_var(batch * H)
             for blk in T.thread_binding(nq * pairs, thread="blockIdx.x"):
                 sec = T.meta_var(blk // (HG * nq))
                 width = T.meta_var(T.if_then_else(sec < pairs // HG, HG, pairs % HG))  # the last may be narrower
                 pair = T.meta_var(sec * HG + blk % (HG * nq) % width)
-                cta(q, k, v, bias, out, blk % (HG * nq) // width, pair % H, pair // H)
+                cta(q, k, v, bias, out, blk % (HG * nq) // width, pair % H, pair // H, maps)
         elif lpt:  # query tiles slowest: the whole grid runs heaviest tiles first (blocks start in index order)
             for h in T.thread_binding(H, thread="blockIdx.x"):
                 for b in T.thread_binding(batch, thread="blockIdx.y"):
                     for bx in T.thread_binding(nq, thread="blockIdx.z"):
-                        cta(q, k, v, bias, out, bx, h, b)
+                        cta(q, k, v, bias, out, bx, h, b, maps)
         else:  # query tiles fastest: CTAs running together share their K/V in L2
             for bx in T.thread_binding(nq, thread="blockIdx.x"):
                 for h in T.thread_binding(H, thread="blockIdx.y"):
                     for b in T.thread_binding(batch, thread="blockIdx.z"):
-                        cta(q, k, v, bias, out, bx, h, b)
+                        cta(q, k, v, bias, out, bx, h, b, maps)
 
-    return kernel_signature(spec, body)
+    def tensor_map(x, heads, rows):
+        """TMA descriptor of ``x`` [batch, seq, heads, D]: boxes of 64 columns x ``rows`` rows of one head, written
+        in the 128-byte swizzle (``at``), zero past the sequence."""
+        nb, ns = x.shape[0], x.shape[1]
+        return (D, heads, ns, nb, D * 2, heads * D * 2, ns * heads * D * 2, 64, 1, rows, 1, 1, 1, 1, 1)
+
+    @T.macro
+    def body_tma(q, k, v, bias, out):
+        tq: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+        tk: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+        tv: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+        T.tensormap_encode_tiled(tq, q.data, *tensor_map(q, H, BM), descriptor_dtype=dtype, rank=4, swizzle=3)
+        T.tensormap_encode_tiled(tk, k.data, *tensor_map(k, H // G, BN), descriptor_dtype=dtype, rank=4, swizzle=3)
+        T.tensormap_encode_tiled(tv, v.data, *tensor_map(v, H // G, BN), descriptor_dtype=dtype, rank=4, swizzle=3)
+        grid(q, k, v, bias, out, (tq, tk, tv))
+
+    @T.macro
+    def body(q, k, v, bias, out):
+        grid(q, k, v, bias, out, None)
+
+    return kernel_signature(spec, body_tma if WS else body)
 
 
 SIMT_THREADS = 128

@@ -4,7 +4,10 @@ Why: CI has no GPU, and a tensor-core kernel's correctness hangs on fragment lay
 at run time. This executes the very CUDA source TVM generates (compiled as C++ with g++), with
 ``ldmatrix`` / ``mma.sync`` / shuffles reimplemented from the PTX ISA's fragment definitions and
 ``__syncthreads`` as a real barrier, so a wrong layout, index or missing barrier shows as wrong
-numbers. ``cp.async`` copies complete immediately (an ordering bug among async copies cannot show).
+numbers. ``cp.async`` copies complete immediately (an ordering bug among async copies cannot show); so do TMA
+tensor copies (``cp.async.bulk.tensor``, from the tensor maps the host function encodes), which then complete
+their bytes on an emulated ``mbarrier``: arrivals, expected bytes and phase parity as in the PTX ISA, so a
+producer / consumer protocol bug shows as wrong numbers or a deadlock (``run`` fails after ``timeout``).
 Slow by design: meant for tiny problems.
 """
 
@@ -26,12 +29,14 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __grid_constant__
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
@@ -214,6 +219,81 @@ static void emu_cp_async(unsigned dst, const void* src, unsigned bytes, unsigned
   std::memset(emu_smem + dst, 0, bytes);
   std::memcpy(emu_smem + dst, src, src_bytes);
 }
+// mbarrier (sm_90): a phase completes when its pending arrivals and transaction bytes both reach 0; a wait on
+// parity p returns once the phase of that parity has completed (the current phase's parity differs)
+struct EmuMbarrier {
+  std::mutex m;
+  std::condition_variable cv;
+  unsigned count = 0, pending = 0, phase = 0;
+  long tx = 0;
+  void update(int arrivals, long bytes) {
+    std::lock_guard<std::mutex> lock(m);
+    pending -= arrivals;
+    tx += bytes;
+    if (pending == 0 && tx == 0) { ++phase; pending = count; cv.notify_all(); }
+  }
+  void wait(unsigned parity) {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return (phase & 1) != parity; });
+  }
+};
+static std::mutex emu_mbarriers_lock;
+static std::map<unsigned, EmuMbarrier*> emu_mbarriers;  // by shared-window address, per block
+static EmuMbarrier& emu_mbarrier(unsigned addr) {
+  std::lock_guard<std::mutex> lock(emu_mbarriers_lock);
+  auto*& b = emu_mbarriers[addr];
+  if (!b) b = new EmuMbarrier;
+  return *b;
+}
+static void emu_mbarrier_init(unsigned addr, unsigned count) { auto& b = emu_mbarrier(addr); b.count = b.pending = count; }
+// setmaxnreg (sm_90a) moves registers between a CTA's warps: each warp starts with the launch's even share (as
+// ptxas allocates under __launch_bounds__(threads, 1)); .inc waits until other warps' .dec have freed enough, so
+// taking more than the CTA has deadlocks as on the GPU
+struct EmuRegisterPool {
+  std::mutex m;
+  std::condition_variable cv;
+  long free = 0;
+  std::vector<long> per_warp;
+};
+static EmuRegisterPool emu_registers;
+static void emu_setmaxnreg(long n, bool inc) {
+  if (threadIdx.x % 32 == 0) {
+    std::unique_lock<std::mutex> lock(emu_registers.m);
+    long& cur = emu_registers.per_warp[threadIdx.x / 32];
+    if (inc ? n < cur : n > cur) std::abort();  // .inc must not lower the count, .dec must not raise it
+    emu_registers.cv.wait(lock, [&] { return emu_registers.free >= 32 * (n - cur); });
+    emu_registers.free -= 32 * (n - cur);
+    cur = n;
+    emu_registers.cv.notify_all();
+  }
+  warp_sync();
+}
+// The tensor map a kernel receives: filled by the harness from the host's tensormap_encode_tiled (dims and box
+// innermost first, byte strides with stride[0] the element size; swizzle 3 = 128 bytes).
+struct CUtensorMap { long long base, rank, swizzle, dim[5], stride[5], box[5]; };
+// cp.async.bulk.tensor (TMA) load, completed at issue: the box at coords, zero outside the tensor, into shared
+// memory in the map's swizzle (128 bytes: 16-byte chunk ^ address bits 7-9), then the bytes on the mbarrier
+static void emu_tma_load(unsigned dst, const void* tmap, const int* coords, unsigned mbar) {
+  const CUtensorMap& t = *(const CUtensorMap*)tmap;
+  long long n = 1, esize = t.stride[0];
+  for (int d = 0; d < t.rank; ++d) n *= t.box[d];
+  for (long long i = 0; i < n; ++i) {
+    long long rest = i, src = 0;
+    bool inside = true;
+    for (int d = 0; d < t.rank; ++d) {
+      long long c = coords[d] + rest % t.box[d];
+      rest /= t.box[d];
+      inside = inside && c >= 0 && c < t.dim[d];
+      src += c * t.stride[d];
+    }
+    unsigned addr = dst + (unsigned)(i * esize);
+    if (t.swizzle == 3) addr ^= (addr >> 7 & 7) << 4;
+    else if (t.swizzle != 0) std::abort();  // 32- and 64-byte swizzles are not emulated
+    if (inside) std::memcpy(emu_smem + addr, (const char*)t.base + src, esize);
+    else std::memset(emu_smem + addr, 0, esize);
+  }
+  emu_mbarrier(mbar).update(0, -n * esize);
+}
 """
 
 _HARNESS = r"""
@@ -229,6 +309,10 @@ extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, lon
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, threads - 32 * w)));
     emu_warp_barriers = warps;
     for (auto& n : emu_named_barriers) n.arrived = 0;
+    for (auto& [addr, b] : emu_mbarriers) delete b;
+    emu_mbarriers.clear();
+    emu_registers.free = 0;
+    emu_registers.per_warp.assign((threads + 31) / 32, 65536 / threads / 8 * 8);
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([=] { threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz; KERNEL_CALL; });
@@ -350,6 +434,20 @@ def _helpers(preamble: str) -> str:
                         f"if ({pre}_slots[2 * b + 1] != {pre}_tag(e, x)) return 0; float ms[2]; "
                         f"std::memcpy(ms, &{pre}_slots[2 * b], 8); *m = ms[0]; *s = ms[1]; return 1; }}",
             }[fn])
+        elif name.startswith("tvm_builtin_ptx_mbarrier_init"):
+            defs.append(f"static inline void {name}({params}) {{ emu_mbarrier_init(__addr, __count); }}")
+        elif name.startswith("tvm_builtin_ptx_mbarrier_arrive"):  # (expect_tx: the bytes, before they land)
+            tx = "__tx_count" if "expect_tx" in name else "0"
+            defs.append(f"static inline void {name}({params}) {{ emu_mbarrier(__addr).update(1, {tx}); }}")
+        elif name.startswith("tvm_builtin_ptx_mbarrier_try_wait_parity"):  # (blocks until it would succeed)
+            defs.append(f"static inline void {name}({params}) {{ emu_mbarrier(__addr).wait(__phase); __wait_complete = 1; }}")
+        elif m := re.fullmatch(r"tvm_builtin_ptx_cp_async_bulk_tensor_g2s_\w+_(\d)d_shared__cluster_global_mbarrier__complete_tx__bytes", name):
+            coords = ", ".join(f"__coords{i}" for i in range(int(m.group(1))))
+            defs.append(f"static inline void {name}({params}) {{ int c_[] = {{{coords}}}; emu_tma_load(__dst_mem, __tmap, c_, __mbar); }}")
+        elif m := re.fullmatch(r"tvm_builtin_ptx_setmaxnreg_(inc|dec)_sync_aligned_u32_(\d+)", name):
+            defs.append(f"static inline void {name}() {{ emu_setmaxnreg({m.group(2)}, {str(m.group(1) == 'inc').lower()}); }}")
+        elif name.startswith("tvm_builtin_ptx_fence_mbarrier_init"):  # (the emulated mbarriers are mutex-guarded)
+            defs.append(f"static inline void {name}() {{}}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|wgmma_commit_group|wgmma_wait_group|fence_proxy)_\w+", name):
@@ -369,7 +467,8 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
     kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
     kernel = re.sub(r"extern __shared__ alignas\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_smem;", kernel)
-    call = f"{name}(" + ", ".join(f"({t.replace('__restrict__', '')})args[{j}]" for j, (t, _) in enumerate(params)) + ")"
+    call = f"{name}(" + ", ".join(f"*(CUtensorMap*)args[{j}]" if "CUtensorMap" in t else f"({t.replace('__restrict__', '')})args[{j}]"
+                                  for j, (t, _) in enumerate(params)) + ")"
     cpp = PRELUDE + _helpers(source[:start]) + "\n" + _rewrite_asm(kernel) + _HARNESS.replace("KERNEL_CALL", call)
     (workdir / "emu.cc").write_text(cpp)
     lib = workdir / "emu.so"
@@ -388,6 +487,21 @@ def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], in
     dims = dict(zip(tags, values))
     grid = tuple(dims.get(f"blockIdx.{a}", 1) for a in "xyz")
     return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0)
+
+
+def tensor_maps(host_script: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The emulation's ``CUtensorMap`` (int64 fields, see PRELUDE) of each ``tensormap_encode_tiled`` in the printed
+    host function, by descriptor name, over the named arrays (static shapes)."""
+    maps = {}
+    for m in re.finditer(r"T\.tensormap_encode_tiled\((\w+), (\w+?)(?:_\d+)?\.data, ([\d, ]+), descriptor_dtype=\"(\w+)\", "
+                         r"rank=(\d), interleave=0, swizzle=(\d)", host_script):
+        name, buf, nums, dtype, rank, swizzle = m.groups()
+        rank, nums = int(rank), [int(x) for x in nums.strip(", ").split(",")]
+        dims, strides, box = nums[:rank], [np.dtype(dtype).itemsize, *nums[rank : 2 * rank - 1]], nums[2 * rank - 1 : 3 * rank - 1]
+        assert nums[3 * rank - 1 :] == [1] * rank, "element strides other than 1 are not emulated"
+        pad = lambda xs: xs + [0] * (5 - rank)  # noqa: E731
+        maps[name] = np.array([arrays[buf].ctypes.data, rank, int(swizzle), *pad(dims), *pad(strides), *pad(box)], np.int64)
+    return maps
 
 
 def cuda_source(func, target, symbol: str = "main") -> str:
@@ -413,7 +527,8 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
             grid, threads, smem = launch_config(host, name)
             (Path(tmp) / name).mkdir()
             lib, names = compile_kernel(source, name, Path(tmp) / name)
-            ptrs = (ctypes.c_void_p * len(names))(*[arrays[n].ctypes.data for n in names])
+            args = {**arrays, **tensor_maps(host, arrays)}
+            ptrs = (ctypes.c_void_p * len(names))(*[args[n].ctypes.data for n in names])
             # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
             launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)
             launch.start()

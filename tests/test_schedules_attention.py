@@ -192,12 +192,13 @@ CUDA_CASES = {
 
 
 def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """The wgmma kernel the rule picks for long sequences (swizzled tiles), for a canonical attention function."""
+    """The wgmma kernel the rule picks for long sequences (TMA for head dims 64 and 128), for a canonical attention
+    function."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import flash_mma, wgmma_config
 
     spec = AttentionSpec.of(canonical)
-    return flash_mma(spec, wgmma_config(spec.head_dim))
+    return flash_mma(spec, wgmma_config(spec.head_dim, spec.causal != "none"))
 
 
 # "rule": the scheduled kernel (mma.sync for these short sequences, or SIMT); "wgmma": the Hopper kernel on the
@@ -238,6 +239,20 @@ TILE_CONFIGS = {
     # tiles in wgmma's no-swizzle core-matrix layout (the option the benchmark times; head dims not a multiple of 64)
     "wgmma-unswizzled": (dict(warps=12, m_tiles=1, bn=64, stages=3, wgmma=True, swizzle=False),
                          (2, 200, 230, 2, 1, 128, "float16", (2, 1, 1, 230), None)),
+    # warp-specialised, TMA: 2 computing warpgroups of 128-key tiles in a 2-stage ring (key tiles wrap the ring, a
+    # ragged last tile and query tile zero-filled past the end), grouped heads, key padding; d64 with 3 warpgroups,
+    # causal
+    "wgmma-tma-2-groups": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True),
+                           (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
+    "wgmma-tma-3-groups-causal": (dict(warps=12, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True),
+                                  (1, 300, 330, 2, 1, 64, "bfloat16", None, "BottomRight")),
+    # ... 3 computing warpgroups of 128-key tiles for d64 (the rule's without a mask), a ragged query tile of 192 rows
+    "wgmma-tma-3-groups-d64": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True),
+                               (1, 250, 390, 2, 1, 64, "float16", None, None)),
+    # ... the 2 computing warpgroups taking turns to issue their GEMMs (ping-pong), causal in L2 sections
+    "wgmma-tma-pingpong-causal": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, pingpong=True,
+                                       lpt_heads=2),
+                                  (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -305,13 +320,15 @@ def test_cuda_tensor_core_fully_masked_rows(rng):
 
 
 @pytest.mark.parametrize("target, insns", [
-    ("cuda-sm90", ("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
-                   "wgmma.wait_group.sync.aligned 1", "fence.proxy.async.shared::cta", "cp.async.cg.shared.global")),
+    ("cuda-sm90", ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "wgmma.wait_group.sync.aligned 1",
+                   "const __grid_constant__ CUtensorMap", "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier",
+                   "mbarrier.try_wait.parity", "setmaxnreg.dec.sync.aligned.u32 24", "setmaxnreg.inc.sync.aligned.u32 240")),
     ("cuda-sm80", ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "cp.async.wait_group")),
 ])
 def test_cuda_source_uses_tensor_cores(target, insns):
-    """A long sequence: Hopper (sm_90a) gets the wgmma kernel (S: m64 x 64 keys, O: m64 x d128), Ampere mma.sync;
+    """A long sequence: Hopper (sm_90a) gets the wgmma kernel (S: m64 x 128 keys, O: m64 x d128; tiles loaded by a
+    TMA producer warpgroup that gives its registers to the others), Ampere mma.sync;
     both exponentiate with the bare ex2.approx.ftz (exp2f's subnormal fix-ups cost 3 instructions a score)."""
     func, target = cuda_kernel(attention_module(1, 1100, 1100, 2, 2, 128, "float16"), target=target)
     exe = tvm.compile(tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")}), target=target)
@@ -323,8 +340,9 @@ def test_cuda_source_uses_tensor_cores(target, insns):
 
 
 def test_cuda_rule_picks_wgmma_where_it_won():
-    """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, launched in L2 sections), 4 warpgroups
-    for d64, 3 for d128, 64-key tiles; else mma.sync."""
+    """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d128 from 512, launched in L2
+    sections): head dims 64 and 128 on the TMA kernel (2 computing warpgroups of 128-key tiles, 3 stages; 3 for d64
+    without a mask), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -333,19 +351,24 @@ def test_cuda_rule_picks_wgmma_where_it_won():
 
     assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
     assert not choose(spec(1024, 64, "TopLeft"), wgmma=True).wgmma and not choose(spec(256, 64), wgmma=True).wgmma
-    for seq, d, causal in ((512, 64, "none"), (512, 128, "none"), (2048, 128, "TopLeft"), (8192, 64, "TopLeft")):
+    assert not choose(spec(1024, 96, "TopLeft"), wgmma=True).wgmma and choose(spec(512, 128, "TopLeft"), wgmma=True).tma
+    for seq, d, causal in ((512, 64, "none"), (512, 128, "none"), (512, 128, "TopLeft"), (8192, 64, "TopLeft")):
         cfg = choose(spec(seq, d, causal), wgmma=True)
-        assert (cfg.wgmma, cfg.warps, cfg.bn, cfg.swizzle) == (True, 16 if d == 64 else 12, 64, True), (seq, d, causal, cfg)
+        warps = 12 if d == 64 and causal == "none" else 8  # d64 without a mask: 3 computing warpgroups
+        assert (cfg.tma, cfg.warps, cfg.bn, cfg.stages, cfg.group_diag) == (True, warps, 128, 3, False), (seq, d, causal, cfg)
+    for seq, d, causal in ((512, 32, "none"), (2048, 96, "TopLeft")):
+        cfg = choose(spec(seq, d, causal), wgmma=True)
+        assert (cfg.wgmma, cfg.tma, cfg.warps, cfg.bn) == (True, False, 16 if d <= 64 else 12, 64), (seq, d, causal, cfg)
     # sections: pairs whose K/V (seq x 2d x 2 bytes each) fit 32 MB, rounded down to a power of two, x query heads per K/V head
     sections = {(8192, 64, 16): 16, (2048, 64, 16): 64, (8192, 128, 16): 8, (6000, 128, 4): 4 * 8, (70000, 128, 16): 1}
     for (seq, d, kv_heads), pairs in sections.items():
         cfg = choose(spec(seq, d, "TopLeft", kv_heads), wgmma=True)
         assert cfg.wgmma and cfg.lpt_heads == pairs, (seq, d, kv_heads, cfg)
     assert choose(spec(tvm.tirx.Var("s", "int64"), 64, "TopLeft"), wgmma=True).lpt_heads == 0  # unknown K/V size
-    # per-warpgroup diagonals up to 4096 rows (causal only)
-    assert choose(spec(2048, 64, "TopLeft"), wgmma=True).group_diag and choose(spec(4096, 128, "TopLeft"), wgmma=True).group_diag
-    assert not choose(spec(8192, 64, "TopLeft"), wgmma=True).group_diag and not choose(spec(2048, 64), wgmma=True).group_diag
-    assert not choose(spec(tvm.tirx.Var("s", "int64"), 64, "TopLeft"), wgmma=True).group_diag
+    # without TMA, per-warpgroup diagonals up to 4096 rows (causal only)
+    assert choose(spec(2048, 96, "TopLeft"), wgmma=True).group_diag and choose(spec(4096, 32, "TopLeft"), wgmma=True).group_diag
+    assert not choose(spec(8192, 96, "TopLeft"), wgmma=True).group_diag and not choose(spec(2048, 96), wgmma=True).group_diag
+    assert not choose(spec(tvm.tirx.Var("s", "int64"), 96, "TopLeft"), wgmma=True).group_diag
     sm80, sm90 = targets.resolve("cuda-sm80").target, targets.resolve("cuda-sm90").target
     assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
