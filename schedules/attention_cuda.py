@@ -455,7 +455,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             layout: one box per 64 columns), completing on mbarrier i."""
             for cb in T.unroll(D // 64):
                 T.ptx.cp(sbase[0] + T.Cast("uint32", (off + cb * (rows * 64)) * 2),
-                         T.reinterpret(T.handle().ty, T.address_of(tmap)), cb * 64, head, row0, b, mbar(sbase, i),
+                         T.reinterpret(T.handle().ty, T.address_of(tmap)),
+                         *[T.Cast("int32", c) for c in (cb * 64, head, row0, b)],  # (int64 for symbolic lengths)
+                         mbar(sbase, i),
                          "async", "bulk", "tensor", "4d", "shared::cluster", "global", "",
                          "mbarrier::complete_tx::bytes", "", "", "", "")
 

@@ -339,6 +339,18 @@ def test_cuda_source_uses_tensor_cores(target, insns):
     assert "exp2f(" not in source
 
 
+def test_cuda_tma_kernel_symbolic_lengths():
+    """One TMA kernel for any batch / sequence length: tensor maps encoded from the runtime shapes, 32-bit coordinates."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import kernel
+
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    spec = AttentionSpec(b, s, s, 16, 4, 64, 64, "float16", 0.125, "TopLeft", None, None)
+    func = kernel(spec, targets.resolve("cuda-sm90").target)
+    source = cuda_emu.cuda_source(func, targets.resolve("cuda-sm90").target)
+    assert "cp.async.bulk.tensor.4d" in source and "tensormap_encode_tiled" in func.script()
+
+
 def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (2 computing warpgroups of 128-key tiles, 3 stages; 3 for d64
@@ -382,8 +394,10 @@ def test_cpu_symbolic_batch_and_sequence(rng):
         assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
 
 
-def test_cuda_package_holds_compiled_kernel(tmp_path):
-    """NVRTC accepts the generated CUDA (inline PTX included): the package carries sm_90 cubin + PTX."""
+@pytest.mark.parametrize("seq, d, dtype, causal, tma", [(100, 64, "bfloat16", "TopLeft", False), (600, 128, "float16", None, True)])
+def test_cuda_package_holds_compiled_kernel(tmp_path, seq, d, dtype, causal, tma):
+    """NVRTC accepts the generated CUDA (inline PTX included; the TMA kernel's tensor maps as kernel parameters, encoded
+    by its host function): the package carries sm_90 cubin + PTX."""
     from compiler import cuda_binary, package, tuning
 
     try:
@@ -392,9 +406,10 @@ def test_cuda_package_holds_compiled_kernel(tmp_path):
     except (TvmpipeError, ImportError) as err:
         pytest.skip(f"no CUDA headers / NVRTC here: {err}")
     info = targets.resolve("cuda-sm90")
-    mod, _ = passes.optimize(attention_module(1, 100, 100, 2, 2, 64, "bfloat16", causal="TopLeft"), info,
+    mod, _ = passes.optimize(attention_module(1, seq, seq, 2, 2, d, dtype, causal=causal), info,
                              legalize=schedules.legalizations())
     mod, _ = schedules.apply(mod, info)
+    assert ("tensormap_encode_tiled" in mod.script()) == tma
     mod, _, _ = tuning.apply(mod, info)
     manifest = package.save(tmp_path / "attention.tvmpkg", build(mod, info), {})
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
