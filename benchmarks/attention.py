@@ -76,7 +76,7 @@ class Case:
         instead of 3 or 3 instead of 2 (d128: of 64-key tiles), or where the rule keeps mma.sync, the TMA
         kernel. The correctness cases check the rule's wgmma kernel too, where it picks mma.sync for their short
         sequences."""
-        from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, choose, cp_async_wgmma_config, lpt_section,
+        from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
                                              wgmma_config)
 
         chosen = choose(spec, wgmma=True)
@@ -85,14 +85,14 @@ class Case:
             tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
             return [wgmma] if tensor_cores and wgmma != chosen else []
         before = cp_async_wgmma_config(self.head_dim)
-        if self.causal:
-            before = replace(before, lpt_heads=chosen.lpt_heads, group_diag=self.seq_q <= 4096)
+        if self.causal:  # (in the rule's L2 sections: one where it keeps mma.sync)
+            before = replace(causal_launch(before, spec), lpt_heads=chosen.lpt_heads)
         other = [choose(spec), before]
         if not chosen.wgmma:  # (d64 causal at seq 512)
-            other.append(replace(wgmma_config(self.head_dim, True), lpt_heads=lpt_section(spec)))
-        if chosen.tma:
+            other.append(causal_launch(wgmma_config(self.head_dim, True), spec))
+        if chosen.tma:  # ping-pong (of 2 computing warpgroups), 2 stages, the other count of computing warpgroups
             other += [replace(chosen, warps=8, pingpong=True), replace(chosen, stages=2),
-                      replace(chosen, warps=20 - chosen.warps, bn=128 if self.head_dim <= 64 else 64)]
+                      replace(chosen, warps=12 if chosen.warps == 8 else 8, bn=128 if self.head_dim <= 64 else 64)]
         return [c for c in other if c != chosen]
 
 

@@ -162,6 +162,17 @@ def lpt_section(spec) -> int:
     return (1 << fit.bit_length() - 1 if fit else 1) * spec.group
 
 
+def at_least(n, rows: int) -> bool:
+    """Whether a length is at least ``rows`` (a symbolic length counts as long)."""
+    return not isinstance(n, int) or n >= rows
+
+
+def causal_launch(cfg: TileConfig, spec) -> TileConfig:
+    """wgmma ``cfg`` under a causal mask: launched in L2 sections (``lpt_section``); without TMA, each warpgroup up to
+    its own diagonal up to 4096 rows (``group_diag``, see ``choose``)."""
+    return replace(cfg, lpt_heads=lpt_section(spec), group_diag=not cfg.tma and not at_least(spec.seq_q, 4097))
+
+
 def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
@@ -188,15 +199,10 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
     so 3 CTAs share an SM (+4 % at seq 512 and 8192 over 128-key tiles); for d128 128-key tiles do not fit the
     registers.
     """
-    def at_least(n, rows):
-        return not isinstance(n, int) or n >= rows
-
     causal = spec.causal != "none"
     cfg = wgmma_config(spec.head_dim, causal)
     if wgmma and at_least(spec.seq_q, 2048 if causal and not (cfg.tma and spec.head_dim > 64) else 512):
-        if not causal:
-            return cfg
-        return replace(cfg, lpt_heads=lpt_section(spec), group_diag=not cfg.tma and not at_least(spec.seq_q, 4097))
+        return causal_launch(cfg, spec) if causal else cfg
     return TileConfig(bn=128 if spec.head_dim <= 64 and causal else 64)
 
 
@@ -454,7 +460,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             """TMA: rows row0.. of ``head`` (zero past the end) -> the ``rows``-row tile at ``off`` (``at``'s swizzled
             layout: one box per 64 columns), completing on mbarrier i."""
             for cb in T.unroll(D // 64):
-                T.ptx.cp(sbase[0] + T.Cast("uint32", (off + cb * (rows * 64)) * 2),
+                T.ptx.cp(sbase[0] + T.Cast("uint32", (off + cb * (rows * 64)) * 2),  # at(off, 0, cb * 64, rows)
                          T.reinterpret(T.handle().ty, T.address_of(tmap)),
                          *[T.Cast("int32", c) for c in (cb * 64, head, row0, b)],  # (int64 for symbolic lengths)
                          mbar(sbase, i),
@@ -723,20 +729,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 lsum[i] = lsum[i] + shfl(lsum[i], 1)
                 lsum[i] = lsum[i] + shfl(lsum[i], 2)
                 lsum[i] = T.float32(1) / lsum[i]
-            @T.inline
-            def stage_o():
+            if not WS or warp < cfg.warps:  # (not the producer warps)
                 for mt in T.unroll(MT):
                     for d in T.unroll(ND):
                         for c in T.unroll(4):
                             smem[Q_OFF + (warp * WM + mt * 16 + g + c // 2 * 8) * DP + d * 8 + t4 * 2 + c % 2] = T.Cast(
                                 dtype, oacc[(mt * ND + d) * 4 + c] * lsum[mt * 2 + c // 2]
                             )
-
-            if WS:  # (not the producer warps)
-                if warp < cfg.warps:
-                    stage_o()
-            else:
-                stage_o()
             T.tvm_storage_sync("shared")
             for it in T.unroll((BM * CPR + NT - 1) // NT):
                 cid = T.meta_var(it * NT + tx)

@@ -346,8 +346,9 @@ def test_cuda_tma_kernel_symbolic_lengths():
 
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
     spec = AttentionSpec(b, s, s, 16, 4, 64, 64, "float16", 0.125, "TopLeft", None, None)
-    func = kernel(spec, targets.resolve("cuda-sm90").target)
-    source = cuda_emu.cuda_source(func, targets.resolve("cuda-sm90").target)
+    target = targets.resolve("cuda-sm90").target
+    func = kernel(spec, target)
+    source = cuda_emu.cuda_source(func, target)
     assert "cp.async.bulk.tensor.4d" in source and "tensormap_encode_tiled" in func.script()
 
 
