@@ -12,8 +12,9 @@ configurations of the tensor-core kernel (records with a "variant"), so one GPU 
 configuration the rule should pick. ``--run`` loads it with the TVM runtime alone. Benchmarks: batch x seq = 16384 tokens, hidden 2048
 (heads = 2048 / d), fp16, d in {64, 128}, seq in {512, 2048, 8192}, causal or not; TFLOP/s counts
 4·b·h·s²·d, halved for causal. Each kernel of a case is checked first; then all of them and torch's backends
-are timed in ``ROUNDS`` rotated, interleaved rounds (the median kept, each round's in ``ms_rounds``), so that no
-kernel is always timed first. One failure is recorded, the rest go on.
+are timed in ``ROUNDS`` interleaved rounds, each in a random order (the median kept, each round's in
+``ms_rounds``), so that no kernel is always timed first or right after the same other. One failure is recorded, the
+rest go on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
 import traceback
@@ -36,10 +38,12 @@ BUILD = REPO / "build" / "gpu" / "attention"
 LIB = BUILD / "attention.so"
 TOKENS, HIDDEN = 16384, 2048
 TOL = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-4}
-# Timing rounds, interleaved over a case's kernels and torch's backends, each round starting one kernel later; a
-# record's ms is its median round. Each timing follows as many untimed runs of the same kernel. The H200's clocks
+# Timing rounds, interleaved over a case's kernels and torch's backends, each round in its own (seeded) random order;
+# a record's ms is its median round. Each timing follows as many untimed runs of the same kernel. The H200's clocks
 # fall under sustained tensor-core load: the first kernel timed after a pause ran up to 26 % faster than in the
 # next round without that warm-up, and still up to 10 % with it, so a fixed order with the best round favoured it.
+# Rounds that only rotated one order kept each kernel behind the same one: the rule's kernel always ran right after
+# cuDNN's and, in every round but the first, 10-20 % slower than the same configuration built as a variant.
 ROUNDS = 5
 
 
@@ -72,12 +76,13 @@ class Case:
         """Tile configurations to time besides the rule's choice (benchmark shapes only): the mma.sync kernel the rule
         picks without wgmma (sm_80's choice); the wgmma kernel without TMA that the rule picked before it
         (cp.async from every thread; causal up to 4096 rows with per-warpgroup diagonals); and the rule's TMA
-        kernel with 2 computing warpgroups in ping-pong (``p``), with 2 stages, and with 2 computing warpgroups
-        instead of 3 or 3 instead of 2 (d128: of 64-key tiles), or where the rule keeps mma.sync, the TMA
-        kernel. The correctness cases check the rule's wgmma kernel too, where it picks mma.sync for their short
-        sequences."""
+        kernel with 2 computing warpgroups in ping-pong (``p``) or not, with 2 stages, with 2 computing warpgroups
+        instead of 3 or 3 instead of 2 (d128: of 64-key tiles), and persistent (``P``) or not, whichever the rule
+        did not pick (persistent: also with one Q buffer; not: without ping-pong). The correctness cases check the
+        rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
                                              wgmma_config)
+        from schedules.common import SMS
 
         chosen = choose(spec, wgmma=True)
         if not self.bench:
@@ -88,11 +93,15 @@ class Case:
         if self.causal:  # (in the rule's L2 sections: one where it keeps mma.sync)
             before = replace(causal_launch(before, spec), lpt_heads=chosen.lpt_heads)
         other = [choose(spec), before]
-        if not chosen.wgmma:  # (d64 causal at seq 512)
-            other.append(causal_launch(wgmma_config(self.head_dim, True), spec))
-        if chosen.tma:  # ping-pong (of 2 computing warpgroups), 2 stages, the other count of computing warpgroups
-            other += [replace(chosen, warps=8, pingpong=True), replace(chosen, stages=2),
-                      replace(chosen, warps=12 if chosen.warps == 8 else 8, bn=128 if self.head_dim <= 64 else 64)]
+        if chosen.tma:  # ping-pong (of 2 computing warpgroups), 2 stages, the other count of computing warpgroups;
+            # persistent or not, whichever the rule did not pick (persistent: also with 1 Q buffer for head_dim 64)
+            other += [replace(chosen, warps=8, pingpong=not chosen.pingpong), replace(chosen, stages=2),
+                      replace(chosen, warps=12 if chosen.warps == 8 else 8, bn=128 if self.head_dim <= 64 else 64,
+                              q_bufs=1, pingpong=False)]
+            if chosen.persistent:
+                other += [replace(chosen, persistent=0, q_bufs=1, pingpong=False), replace(chosen, q_bufs=1)]
+            else:
+                other.append(replace(chosen, persistent=SMS["sm_90"]))
         return [c for c in other if c != chosen]
 
 
@@ -267,10 +276,12 @@ def run(out: Path) -> None:
                     timers[len(records) - 1] = lambda f=sdpa: cuda_ms(f, reps)
                 except Exception as err:
                     records.append({**base, "impl": impl, "error": f"{type(err).__name__}: {err}"})
-        # timed after every check, in rotated interleaved rounds (see ROUNDS)
+        # timed after every check, in interleaved rounds of random order (see ROUNDS)
         order = list(timers)
-        for r in range(ROUNDS if order else 0):
-            for i in order[r % len(order):] + order[:r % len(order)]:
+        shuffle = random.Random(0).shuffle
+        for _ in range(ROUNDS if order else 0):
+            shuffle(order)
+            for i in order:
                 try:
                     records[i].setdefault("ms_rounds", []).append(timers[i]())
                 except Exception as err:

@@ -51,7 +51,10 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
   TMA (``cp.async.bulk.tensor`` from tensor maps the host function encodes, written in the 128-byte swizzle);
   a stage's mbarrier completes on its bytes, and the computing warps release it once their P·V has read it. No
   thread of the computing warpgroups copies, and no CTA barrier stands between tiles. Optionally (``pingpong``)
-  the two computing warpgroups take turns issuing their GEMMs (named barriers);
+  the two computing warpgroups take turns issuing their GEMMs (named barriers). Persistent (``persistent``): one
+  CTA per SM loops over the (query tile, head, batch) items; the K/V ring runs on across items, so the producer
+  loads the next item's first tiles (and Q, once the computing warps release its buffer, or into a second buffer)
+  while this item's last tiles and epilogue run, and the epilogue stores O from the registers;
 * without TMA, causal (``group_diag``): each warpgroup stops at its own rows' diagonal; the per-tile barrier is
   then a named barrier over the warpgroups still at that tile (and those that stopped at it), and the last
   warpgroup copies every K/V tile.
@@ -117,13 +120,18 @@ class TileConfig:
     swizzle: bool = True  # wgmma, head_dim a multiple of 64: tiles in the 128-byte swizzled layout (see ``at``)
     # wgmma, swizzled: warp-specialised, one more warpgroup loads Q/K/V with TMA (``warps`` counts the others)
     tma: bool = False
+    # TMA: this many CTAs (at most one per work item) loop over the (query tile, head, batch) work items, the producer
+    # loading the next item's tiles under the current item's last tiles and epilogue (0: one CTA per item)
+    persistent: int = 0
+    q_bufs: int = 1  # persistent: Q buffers (2: the next item's Q loads under the current item's tiles)
 
     @property
     def name(self) -> str:
         return (f"w{self.warps}m{self.m_tiles}n{self.bn}s{self.stages}{'q' if self.q_in_regs else ''}"
                 f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
-                f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}")
+                f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
+                f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -173,16 +181,35 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
     return replace(cfg, lpt_heads=lpt_section(spec), group_diag=not cfg.tma and not at_least(spec.seq_q, 4097))
 
 
+def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
+    """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) below 4096 rows,
+    causal below 2048: 2 computing warpgroups in ping-pong (FA3's schedule), head_dim 64 with 2 Q buffers (their 3
+    stages leave room; d128's would need 2 stages, which lose).
+
+    H200, same-run ratios over three runs of two builds (2026-12-01 11:47, 11:52, 12:07), against the same kernel with
+    one CTA per item: causal at seq 512 d128 +8-11 % (with ping-pong +12-15 %); without a mask d64 +6-7 % at 512, d128
+    +4 % at 2048 and -1 to -3 % at 512 (with ping-pong +3-5 %; an earlier build: +21 %). Ping-pong over persistence
+    alone: d128 at 512 +4-7 % (causal or not), at 2048 -1 to +3 %; d64 causal at 512 +5 % (one run). d64 causal at 512
+    (2 Q buffers) against the mma.sync kernel the rule kept there before: +7 % in two runs, -4 % in the third. Where
+    items are long the static round robin ends less evenly than the hardware's launch order: at seq 8192 -5 to +4 %
+    (d128 causal -9 to -12 %), causal at 2048 d128 -5 %, d64 +4-5 %. (The grid assumes the H200's 132 SMs: a GPU with
+    fewer runs the surplus CTAs as a second wave.)"""
+    if not cfg.tma or at_least(spec.seq_q, 2048 if spec.causal != "none" else 4096):
+        return cfg
+    return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if spec.head_dim <= 64 else 1, pingpong=cfg.warps == 8)
+
+
 def choose(spec, wgmma: bool = False) -> TileConfig:
     """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
 
     wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count), or a causal mask
-    and at least 2048 rows (head_dim 128 with TMA: 512), causal launched in L2 sections (``lpt_section``).
+    and at least 2048 rows (head dims 64 and 128, with TMA: 512), causal launched in L2 sections (``lpt_section``),
+    the TMA kernel persistent below 4096 rows, causal below 2048 (``persistent_launch``).
     - Head dims of 64 and 128 (``wgmma_config``): the TMA kernel, computing warpgroups of 128-key tiles in 3
       stages. H200, same run (2026-12-01 09:33), against the cp.async kernel below: d128 +16-19 % at seq 8192,
       +11-14 % at 2048, +3-6 % at 512; d64 +12-33 % at 8192, +6-20 % at 2048, -3 % at 512 without a mask (an earlier
       run, 2 computing warpgroups for d64 too: +6-14 % at seq >= 2048). d128 causal at seq 512: +6-20 % over
-      mma.sync in two runs (d64 there: -10-13 %, so mma.sync stays). d64 without a mask: 3 computing warpgroups
+      mma.sync in two runs (d64 there: -10-13 %, until the persistent kernel: +7 %). d64 without a mask: 3 computing warpgroups
       +14-20 % over 2 at seq >= 2048 in two runs (their 160 registers hold 128-key tiles of d64; causal, 3 lose
       5-25 %). 2 stages ran 13-32 % slower. The 2 warpgroups' ping-pong (``pingpong``) measured -6 to +17 % across
       shapes and three runs (not taken).
@@ -201,8 +228,8 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
     """
     causal = spec.causal != "none"
     cfg = wgmma_config(spec.head_dim, causal)
-    if wgmma and at_least(spec.seq_q, 2048 if causal and not (cfg.tma and spec.head_dim > 64) else 512):
-        return causal_launch(cfg, spec) if causal else cfg
+    if wgmma and at_least(spec.seq_q, 2048 if causal and not cfg.tma else 512):
+        return persistent_launch(causal_launch(cfg, spec) if causal else cfg, spec)
     return TileConfig(bn=128 if spec.head_dim <= 64 and causal else 64)
 
 
@@ -230,10 +257,14 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     CPR = D // 8  # 16-byte chunks per row
     RS = D if WG else DP  # elements per tile row: wgmma's layouts need no padding
     SW = WG and cfg.swizzle and D % 64 == 0  # wgmma's 128-byte swizzled layout (rows of 64 elements)
-    Q_OFF, K_OFF, V_OFF = 0, BM * RS, BM * RS + stages * BN * RS  # in one shared buffer (elements)
-    SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows
-    # TMA's mbarriers after the tiles: full[stages] (tile in), empty[stages] (tile consumed), Q in
-    SMEM_ALLOC = SMEM + 4 * (2 * stages + 1) * WS
+    PC, QB = cfg.persistent, cfg.q_bufs  # persistent CTAs (0: one per work item), Q buffers
+    PS = PC > 0
+    Q_OFF, K_OFF = 0, QB * BM * RS  # in one shared buffer (elements): Q buffers, K stages, V stages
+    V_OFF = K_OFF + stages * BN * RS
+    SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows (not persistent)
+    # TMA's mbarriers after the tiles: full[stages] (tile in), empty[stages] (tile consumed), Q full[QB], Q empty[QB]
+    FULL, EMPTY, Q_FULL, Q_EMPTY = 0, stages, 2 * stages, 2 * stages + QB
+    SMEM_ALLOC = SMEM + 4 * (2 * stages + 2 * QB) * WS
     min_blocks = 1 if WS else cfg.min_blocks
     # setmaxnreg moves registers between the warps of a CTA: what the producer gives up (down to 24 per thread),
     # the computing warpgroups take (up to 240; FA3's split). The CTA starts with EVEN_REGS per thread (ptxas's most
@@ -244,6 +275,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
+    items = nq * H * batch  # work items: (query tile, head, batch)
+    ctas = min(PC, items) if isinstance(items, int) else PC  # persistent grid
+    idx = getattr(items, "dtype", "int32")
     # scores go to the exp2 domain with one FMA: p = exp2(s * c - m), c = scale * log2(e); with a bias
     # the logits are formed in natural units first (c would overflow a -FLT_MAX mask to -inf)
     fold = spec.scale > 0 and not has_bias
@@ -258,6 +292,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     assert not (WG and cfg.pingpong) or (WS and NW == 2), "wgmma ping-pong: 2 computing warpgroups and a producer"
     assert not SW or (K_OFF * 2 % 1024, BN * RS * 2 % 1024) == (0, 0), "swizzled tiles start 1024-byte aligned"
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
+    assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -304,6 +339,26 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
     def q_frag(mt, kk):  # offset of Q's A fragment (m-tile mt, k-step kk) in qf
         return (mt * KS + kk) * 8 if cfg.q_in_regs else mt * 8
+
+    def ring(i, n):  # buffer and mbarrier phase parity of the i-th fill of a ring of n buffers
+        return i % n, i // n % 2
+
+    def work_item(w):
+        """(query tile, head, batch) of work item ``w``, in launch order: LPT within sections of HG (batch, head)
+        pairs, section after section (FA3's tile scheduler); else, causal, query tiles slowest (the whole grid runs the
+        heaviest tiles first); else query tiles fastest (CTAs running together share their K/V in L2)."""
+        if grouped:
+            pairs = batch * H
+            sec = w // (HG * nq)
+            width = T.if_then_else(sec < pairs // HG, HG, pairs % HG)  # the last section may be narrower
+            pair = sec * HG + w % (HG * nq) % width
+            return w % (HG * nq) // width, pair % H, pair // H
+        if lpt:
+            return w // (H * batch), w % H, w // H % batch
+        return w % nq, w // nq % H, w // (nq * H)
+
+    def persistent_or(value, plain):  # (a conditional the macros evaluate in Python)
+        return value if PS else plain
 
     @T.macro
     def load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt):
@@ -357,7 +412,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{{}}k16.f32.{wab}.{wab}"
 
     @T.macro
-    def attend(smem, q, k, v, bias, out, bx, h, b, tx, maps):
+    def attend(smem, q, k, v, bias, out, bx0, h0, b0, tx, maps):
+        """One CTA: work item (bx0, h0, b0), or persistent, items bx0, bx0 + ctas, ..."""
         qf = T.alloc_buffer((QF,), dtype, scope="local")
         kf = T.alloc_buffer((8,), dtype, scope="local")
         vf = T.alloc_buffer((8,), dtype, scope="local")
@@ -375,6 +431,16 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         rs = T.alloc_buffer((MT * 2,), f32, scope="local")
         al = T.alloc_buffer((MT * 2,), f32, scope="local")
         bs = T.alloc_buffer((MT * 2,), f32, scope="local")
+        # persistent: the work item (query tile, head, batch, this CTA's count of items before it), and the K/V
+        # tiles the ring took before it
+        work = T.alloc_buffer((4,), idx, scope="local")
+        fills = T.alloc_buffer((1,), idx, scope="local")
+        bx = T.meta_var(persistent_or(work[0], bx0))
+        h = T.meta_var(persistent_or(work[1], h0))
+        b = T.meta_var(persistent_or(work[2], b0))
+        qi = T.meta_var(persistent_or(work[3], 0))  # Q's fill of its ring of QB buffers
+        kv0 = T.meta_var(persistent_or(fills[0], 0))  # K/V tile j is the ring's fill kv0 + j
+        q_off = T.meta_var(Q_OFF + ring(qi, QB)[0] * (BM * RS))
         warp = T.meta_var(tx // 32)
         lane = T.meta_var(tx % 32)
         g = T.meta_var(lane // 4)
@@ -391,11 +457,20 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     load_rows(smem, K_OFF + p * (BN * RS), k, b, p * BN, skv, hk, BN, tx, NT)
                     load_rows(smem, V_OFF + p * (BN * RS), v, b, p * BN, skv, hk, BN, tx, NT)
                 T.ptx.cp.async_.commit_group()
-        for i in T.unroll(MT * ND * 4):
-            oacc[i] = T.float32(0)
-        for i in T.unroll(MT * 2):
-            m[i] = neg_inf
-            lsum[i] = T.float32(0)
+
+        @T.inline
+        def init_acc():
+            for i in T.unroll(MT * ND * 4):
+                oacc[i] = T.float32(0)
+            for i in T.unroll(MT * 2):
+                m[i] = neg_inf
+                lsum[i] = T.float32(0)
+
+        if PS:
+            fills[0] = T.Cast(idx, 0)
+        else:
+            init_acc()
+
         @T.inline
         def my_turn():  # ping-pong: wait until the other warp group has issued its GEMM (named barrier 1 + group)
             if cfg.pingpong:
@@ -426,7 +501,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             for kk in T.unroll(KS):
                 T.ptx[wgmma.format(BN)](
                     *[sacc[i] for i in range(NS * 4)],
-                    desc(sbase[0], at(Q_OFF, warp // 4 * 64, kk * 16, BM), *k_major),
+                    desc(sbase[0], at(q_off, warp // 4 * 64, kk * 16, BM), *k_major),
                     desc(sbase[0], at(K_OFF + stage, 0, kk * 16, BN), *k_major),
                     kk > 0, 1, 1, 0, 0)
             T.ptx["wgmma.commit_group.sync.aligned"]()
@@ -468,19 +543,27 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                          "mbarrier::complete_tx::bytes", "", "", "", "")
 
         @T.inline
+        def load_kv(j):
+            """TMA: key tile j into its stage, once every computing warp has released it (its last P·V done)."""
+            s, ph = T.meta_var(ring(kv0 + j, stages))
+            if kv0 + j >= stages:
+                bar_wait(EMPTY + s, 1 - ph)
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](mbar(sbase, FULL + s), T.uint32(2 * BN * D * 2))
+            tma(maps[1], K_OFF + s * (BN * RS), BN, j * BN, hk, FULL + s)
+            tma(maps[2], V_OFF + s * (BN * RS), BN, j * BN, hk, FULL + s)
+
+        @T.inline
         def produce():
-            """The producer warpgroup: gives its registers to the others; one thread loads Q, then key tiles into the
-            ring, each once every computing warp has released the stage (its last P·V done)."""
-            if tx == NC:
-                T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](mbar(sbase, 2 * stages), T.uint32(BM * D * 2))
-                tma(maps[0], Q_OFF, BM, q0, h, 2 * stages)
-                for j in T.serial(T.max(n_kv, 1)):  # (tile 0 always: the computing warps start with it)
-                    if j >= stages:
-                        bar_wait(stages + j % stages, (j // stages + 1) % 2)
-                    T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](mbar(sbase, j % stages),
-                                                                       T.uint32(2 * BN * D * 2))
-                    tma(maps[1], K_OFF + j % stages * (BN * RS), BN, j * BN, hk, j % stages)
-                    tma(maps[2], V_OFF + j % stages * (BN * RS), BN, j * BN, hk, j % stages)
+            """One work item's loads, by the producer's first thread: key tile 0, Q once its buffer is released
+            (persistent: the previous item's in it), the other key tiles."""
+            load_kv(0)  # (every query tile has key tiles: every row sees key 0)
+            s, ph = T.meta_var(ring(qi, QB))
+            if qi >= QB:
+                bar_wait(Q_EMPTY + s, 1 - ph)
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](mbar(sbase, Q_FULL + s), T.uint32(BM * D * 2))
+            tma(maps[0], q_off, BM, q0, h, Q_FULL + s)
+            for j in T.serial(1, n_kv):
+                load_kv(j)
 
         @T.inline
         def arrived(pending, j=None):
@@ -515,9 +598,10 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             tile j is in pf and O holds tiles < j. S of tile j+1 is issued, O rescaled under it, P·V of tile j
             issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile (cp.async, 3
             stages; TMA: as the producer gets each stage back)."""
+            nxt, cur = T.meta_var((ring(kv0 + j + 1, stages), ring(kv0 + j, stages)))
             if WS:  # tile j+1 is in (TMA); the producer refills stages as they are released
                 if j + 1 < n_kv:
-                    bar_wait((j + 1) % stages, (j + 1) // stages % 2)
+                    bar_wait(FULL + nxt[0], nxt[1])
             else:
                 # tile j+1 (the newest copy group) is in for every thread; every warpgroup is done with tile j-1,
                 # whose stage is refilled
@@ -534,9 +618,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
             # per path and serialises every wgmma of the kernel if a branch leaves it unsure
             my_turn()  # ping-pong (FA3): both GEMMs issued in this warpgroup's turn, its softmax under the other's
-            qk_wgmma((j + 1) % stages * (BN * RS))
+            qk_wgmma(nxt[0] * (BN * RS))
             rescale_o()
-            pv_wgmma(j % stages * (BN * RS))
+            pv_wgmma(cur[0] * (BN * RS))
             your_turn()
             T.ptx["wgmma.wait_group.sync.aligned"](1)  # groups retire in order: S is in, P·V may run on
             pin(sacc, NS * 4, "float")
@@ -547,7 +631,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             pin(pw, NS * 2, "uint")
             if WS:  # this warp's P·V of tile j is done: its stage may be refilled
                 if lane == 0:
-                    T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, stages + j % stages))
+                    T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + cur[0]))
             if j + 1 < n_kv:
                 to_p()
 
@@ -683,17 +767,30 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             T.tvm_storage_sync("shared")
 
         @T.inline
-        def compute():
-            if cfg.pingpong:  # group 0 has the first turn
+        def first_turn():  # ping-pong: group 0 has the first turn
+            if cfg.pingpong:
                 if warp >= cfg.warps // 2:
                     T.ptx["bar.arrive"](T.uint32(1), T.uint32(NC))
+
+        @T.inline
+        def last_turn():  # ping-pong: group 0 takes group 1's last hand-over, so every arrival is matched
+            if cfg.pingpong:
+                if warp < cfg.warps // 2:
+                    T.ptx["bar.sync"](T.uint32(1), T.uint32(NC))
+
+        @T.inline
+        def compute():
+            """One work item's key tiles (persistent: the turns of the ping-pong run on across items; taken per item,
+            group 1 could hand over twice before group 0 took the first: a hang)."""
+            if not PS:
+                first_turn()
             if WG:  # P of the first tile, then the pipeline
                 if WS:  # Q and key tile 0 are in
-                    bar_wait(2 * stages, 0)
-                    bar_wait(0, 0)
+                    bar_wait(Q_FULL + ring(qi, QB)[0], ring(qi, QB)[1])
+                    bar_wait(FULL + ring(kv0, stages)[0], ring(kv0, stages)[1])
                 else:
                     arrived(1)
-                qk_wgmma(0)
+                qk_wgmma(ring(kv0, stages)[0] * (BN * RS))
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
                 pin(sacc, NS * 4, "float")
                 softmax(0, True)
@@ -714,21 +811,46 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     tile(j, False)
                 for j in T.serial(n_plain, n_kv):
                     tile(j, True)
-            if cfg.pingpong:  # group 0 takes group 1's last hand-over: every arrival is matched
-                if warp < cfg.warps // 2:
-                    T.ptx["bar.sync"](T.uint32(1), T.uint32(NC))
+            if not PS:
+                last_turn()
+
+        @T.inline
+        def row_sums():
+            """lsum = 1 / the row sums (0/0 = NaN for a fully masked row, as the unfused softmax)."""
+            for i in T.unroll(MT * 2):
+                lsum[i] = lsum[i] + shfl(lsum[i], 1)
+                lsum[i] = lsum[i] + shfl(lsum[i], 2)
+                lsum[i] = T.float32(1) / lsum[i]
+
+        @T.inline
+        def store_o():
+            """Persistent (wgmma): O / rowsum from the accumulators straight to memory, 2 elements a store (shared
+            memory may already hold the next item's tiles)."""
+            row_sums()
+            for d in T.unroll(ND):
+                for r in T.unroll(2):
+                    row = T.meta_var(q0 + warp * WM + g + r * 8)
+                    if row < sq:
+                        for e in T.vectorized(2):
+                            out[b, row, h, d * 8 + t4 * 2 + e] = T.Cast(dtype, oacc[d * 4 + r * 2 + e] * lsum[r])
+
+        @T.inline
+        def set_work(it):
+            """Persistent: this CTA's item ``it``."""
+            w = T.meta_var(work_item(bx0 + it * ctas))
+            work[0] = T.Cast(idx, w[0])
+            work[1] = T.Cast(idx, w[1])
+            work[2] = T.Cast(idx, w[2])
+            work[3] = T.Cast(idx, it)
 
         @T.inline
         def epilogue():
             T.ptx.cp.async_.wait_group(0)
             if WG:  # the staging below overwrites other warps' Q rows (the padded layout differs from wgmma's)
                 T.tvm_storage_sync("shared")
-            # epilogue: O / rowsum (0/0 = NaN for a fully masked row, as the unfused softmax), staged through
-            # this warp's own Q rows in shared memory, then 16-byte coalesced stores
-            for i in T.unroll(MT * 2):
-                lsum[i] = lsum[i] + shfl(lsum[i], 1)
-                lsum[i] = lsum[i] + shfl(lsum[i], 2)
-                lsum[i] = T.float32(1) / lsum[i]
+            # epilogue: O / rowsum staged through this warp's own Q rows in shared memory, then 16-byte coalesced
+            # stores
+            row_sums()
             if not WS or warp < cfg.warps:  # (not the producer warps)
                 for mt in T.unroll(MT):
                     for d in T.unroll(ND):
@@ -747,31 +869,56 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
         if WS:  # warp-specialised: the last warpgroup loads, the others compute with its registers
             # mbarriers: full[s] waits for one arrival (the producer's) and the tile's bytes, empty[s] for every
-            # computing warp, Q's for the producer
+            # computing warp; Q's full and empty likewise
             if tx == 0:
                 for i in T.unroll(stages):
-                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, i), T.uint32(1))
-                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, stages + i), T.uint32(cfg.warps))
-                T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, 2 * stages), T.uint32(1))
+                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, FULL + i), T.uint32(1))
+                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, EMPTY + i), T.uint32(cfg.warps))
+                for i in T.unroll(QB):
+                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, Q_FULL + i), T.uint32(1))
+                    T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, Q_EMPTY + i), T.uint32(cfg.warps))
                 T.ptx["fence.mbarrier_init.release.cluster"]()
             T.tvm_storage_sync("shared")
+            n_items = T.meta_var((items - bx0 + ctas - 1) // max(ctas, 1))  # persistent: this CTA's
             if warp // 4 == NW:
                 T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGS)
-                produce()
+                if tx == NC:
+                    if PS:
+                        for it in T.serial(n_items):
+                            set_work(it)
+                            produce()
+                            fills[0] = fills[0] + n_kv
+                    else:
+                        produce()
                 T.ptx["bar.sync"](T.uint32(3), T.uint32(NT))  # (1 and 2 are the ping-pong's)
-                T.ptx["setmaxnreg.inc.sync.aligned.u32"](EVEN_REGS)
+                if not PS:
+                    T.ptx["setmaxnreg.inc.sync.aligned.u32"](EVEN_REGS)
             else:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
-                compute()
-                T.ptx["setmaxnreg.dec.sync.aligned.u32"](EVEN_REGS)
+                if PS:  # each item ends in its own epilogue, from the registers; the producer loads on meanwhile
+                    first_turn()
+                    for it in T.serial(n_items):
+                        set_work(it)
+                        init_acc()
+                        compute()
+                        if lane == 0:  # Q's buffer released
+                            T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, Q_EMPTY + ring(qi, QB)[0]))
+                        store_o()
+                        fills[0] = fills[0] + n_kv
+                    last_turn()
+                else:
+                    compute()
+                    T.ptx["setmaxnreg.dec.sync.aligned.u32"](EVEN_REGS)
                 T.ptx["bar.arrive"](T.uint32(3), T.uint32(NT))
+            # (persistent: the producer warps wait there too, not exiting while tiles they loaded are still read)
             # registers shared evenly again: the producer takes its share back once every computing warp has
             # returned it (named barrier 3; taken before, by the producer warps that load nothing, the computing
             # warps could not get theirs and the CTA hung), inside the branch (after it, ptxas would keep the epilogue
             # to the producer's 24 registers: spills, serialised wgmma). Then all threads stage O over the tiles, the
             # producer's loads all consumed (the epilogue's shared accesses outside the branches, for TVM's sync
             # planner).
-            epilogue()
+            if not PS:
+                epilogue()
         else:
             compute()
             epilogue()
@@ -803,23 +950,13 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
     @T.macro
     def grid(q, k, v, bias, out, maps):
-        if grouped:  # LPT within sections of HG (batch, head) pairs, section after section (FA3's tile scheduler)
-            pairs = T.meta_var(batch * H)
-            for blk in T.thread_binding(nq * pairs, thread="blockIdx.x"):
-                sec = T.meta_var(blk // (HG * nq))
-                width = T.meta_var(T.if_then_else(sec < pairs // HG, HG, pairs % HG))  # the last may be narrower
-                pair = T.meta_var(sec * HG + blk % (HG * nq) % width)
-                cta(q, k, v, bias, out, blk % (HG * nq) // width, pair % H, pair // H, maps)
-        elif lpt:  # query tiles slowest: the whole grid runs heaviest tiles first (blocks start in index order)
-            for h in T.thread_binding(H, thread="blockIdx.x"):
-                for b in T.thread_binding(batch, thread="blockIdx.y"):
-                    for bx in T.thread_binding(nq, thread="blockIdx.z"):
-                        cta(q, k, v, bias, out, bx, h, b, maps)
-        else:  # query tiles fastest: CTAs running together share their K/V in L2
-            for bx in T.thread_binding(nq, thread="blockIdx.x"):
-                for h in T.thread_binding(H, thread="blockIdx.y"):
-                    for b in T.thread_binding(batch, thread="blockIdx.z"):
-                        cta(q, k, v, bias, out, bx, h, b, maps)
+        if PS:  # CTA c runs items c, c + ctas, ... (attend)
+            for c in T.thread_binding(ctas, thread="blockIdx.x"):
+                cta(q, k, v, bias, out, c, 0, 0, maps)
+        else:  # one CTA per item, started in item order
+            for blk in T.thread_binding(items, thread="blockIdx.x"):
+                w = T.meta_var(work_item(blk))
+                cta(q, k, v, bias, out, w[0], w[1], w[2], maps)
 
     def tensor_map(x, heads, rows):
         """TMA descriptor of ``x`` [batch, seq, heads, D]: boxes of 64 columns x ``rows`` rows of one head, written

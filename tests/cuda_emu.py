@@ -53,6 +53,10 @@ struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
 };
 struct uint4 { unsigned x, y, z, w; };
 struct alignas(8) half4 { half x, y, z, w; };  // defined by TVM's CUDA preamble
+struct alignas(4) half2 { half x, y; };  // CUDA's vector types
+struct alignas(4) nv_bfloat162 { nv_bfloat16 x, y; };
+struct alignas(8) float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline half4 make_half4(half x, half y, half z, half w) { return {x, y, z, w}; }
 struct alignas(16) int4 { int x, y, z, w; };
 static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
@@ -398,7 +402,12 @@ def _helpers(preamble: str) -> str:
             nbytes = int(name.rsplit("_", 1)[1])
             src_size = "__src_size" if "src_size" in params else str(nbytes)
             defs.append(f"static inline void {name}({params}) {{ emu_cp_async(__dst_mem, __src_mem, {nbytes}, {src_size}); }}")
-        elif "commit_group" in name or "wait_group" in name:
+        elif name.startswith("tvm_builtin_ptx_wgmma_wait_group"):
+            # wgmma runs to completion when issued here, but each lane at its own pace: the warp-wide wait (.aligned)
+            # is where every lane's wgmma has read its operands, so no lane passes it before all have (else a lane
+            # ahead could release a stage that a lane behind still reads)
+            defs.append(f"static inline void {name}() {{ warp_sync(); }}")
+        elif "commit_group" in name or "wait_group" in name:  # (copies and wgmma complete at issue here)
             defs.append(f"static inline void {name}() {{}}")
         elif name.startswith(("tvm_builtin_ptx_bar_sync_count", "tvm_builtin_ptx_bar_arrive")):
             defs.append(f"static inline void {name}(uint32_t a, uint32_t b) {{ "
@@ -450,8 +459,8 @@ def _helpers(preamble: str) -> str:
             defs.append(f"static inline void {name}() {{}}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
-        elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|wgmma_commit_group|wgmma_wait_group|fence_proxy)_\w+", name):
-            # wgmma runs to completion when issued here: its fences, groups and waits have nothing to order
+        elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|fence_proxy)_\w+", name):
+            # (wgmma complete at issue: its fences have nothing to order)
             defs.append(f"static inline void {name}() {{}}")
         elif name == "tvm_builtin_cuda_cvta_generic_to_shared":
             defs.append(f"static inline unsigned {name}(void* p) {{ return __cvta_generic_to_shared(p); }}")
@@ -467,6 +476,10 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
     kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
     kernel = re.sub(r"extern __shared__ alignas\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_smem;", kernel)
+    # a thread's local arrays (registers on the GPU) start as garbage, not as the zeros a fresh C++ stack often holds,
+    # so a kernel that reads one before writing it fails here too
+    kernel = re.sub(r"^(\s*)(alignas\(\d+\) \w+ (\w+)\[\d+\];)", r"\1\2 std::memset(\3, 0xA5, sizeof(\3));", kernel,
+                    flags=re.M)
     call = f"{name}(" + ", ".join(f"*(CUtensorMap*)args[{j}]" if "CUtensorMap" in t else f"({t.replace('__restrict__', '')})args[{j}]"
                                   for j, (t, _) in enumerate(params)) + ")"
     cpp = PRELUDE + _helpers(source[:start]) + "\n" + _rewrite_asm(kernel) + _HARNESS.replace("KERNEL_CALL", call)

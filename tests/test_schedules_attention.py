@@ -192,13 +192,13 @@ CUDA_CASES = {
 
 
 def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """The wgmma kernel the rule picks for long sequences (TMA for head dims 64 and 128), for a canonical attention
-    function."""
+    """The wgmma kernel the rule picks for long sequences (TMA for head dims 64 and 128, persistent: here with a CTA
+    per item, as these few items fill no H200), for a canonical attention function."""
     from schedules.attention import AttentionSpec
-    from schedules.attention_cuda import flash_mma, wgmma_config
+    from schedules.attention_cuda import flash_mma, persistent_launch, wgmma_config
 
     spec = AttentionSpec.of(canonical)
-    return flash_mma(spec, wgmma_config(spec.head_dim, spec.causal != "none"))
+    return flash_mma(spec, persistent_launch(wgmma_config(spec.head_dim, spec.causal != "none"), spec))
 
 
 # "rule": the scheduled kernel (mma.sync for these short sequences, or SIMT); "wgmma": the Hopper kernel on the
@@ -253,6 +253,13 @@ TILE_CONFIGS = {
     "wgmma-tma-pingpong-causal": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, pingpong=True,
                                        lpt_heads=2),
                                   (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
+    # ... persistent: 3 CTAs over 16 items (5-6 each), a 2-stage ring wrapping across items, key padding, grouped heads
+    "wgmma-tma-persistent": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True, persistent=3),
+                             (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
+    # ... persistent, causal (items of 1-3 key tiles, heaviest first, in L2 sections), 2 Q buffers, ping-pong
+    "wgmma-tma-persistent-causal-2q": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True, persistent=4,
+                                            q_bufs=2, pingpong=True, lpt_heads=2),
+                                       (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -340,22 +347,29 @@ def test_cuda_source_uses_tensor_cores(target, insns):
 
 
 def test_cuda_tma_kernel_symbolic_lengths():
-    """One TMA kernel for any batch / sequence length: tensor maps encoded from the runtime shapes, 32-bit coordinates."""
+    """One TMA kernel for any batch / sequence length: tensor maps encoded from the runtime shapes, 32-bit coordinates;
+    persistent too (its CTAs loop over a count of items known at run time)."""
+    from dataclasses import replace
+
     from schedules.attention import AttentionSpec
-    from schedules.attention_cuda import kernel
+    from schedules.attention_cuda import choose, flash_mma, kernel
 
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
     spec = AttentionSpec(b, s, s, 16, 4, 64, 64, "float16", 0.125, "TopLeft", None, None)
     target = targets.resolve("cuda-sm90").target
-    func = kernel(spec, target)
-    source = cuda_emu.cuda_source(func, target)
-    assert "cp.async.bulk.tensor.4d" in source and "tensormap_encode_tiled" in func.script()
+    func = kernel(spec, target)  # (the rule's for an unknown length: one CTA per item)
+    persistent = flash_mma(spec, replace(choose(spec, wgmma=True), persistent=132, q_bufs=2))
+    for f in (func, persistent):
+        source = cuda_emu.cuda_source(f, target)
+        assert "cp.async.bulk.tensor.4d" in source and "tensormap_encode_tiled" in f.script()
 
 
 def test_cuda_rule_picks_wgmma_where_it_won():
-    """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d128 from 512, launched in L2
+    """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (2 computing warpgroups of 128-key tiles, 3 stages; 3 for d64
-    without a mask), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
+    without a mask; persistent, 132 CTAs, below 4096 rows, causal below 2048, 2 computing warpgroups then in
+    ping-pong; d64 with 2 Q buffers), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles);
+    else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -363,12 +377,18 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         return AttentionSpec(8, seq, seq, 16, kv_heads, d, d, "float16", d ** -0.5, causal, None, None)
 
     assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
-    assert not choose(spec(1024, 64, "TopLeft"), wgmma=True).wgmma and not choose(spec(256, 64), wgmma=True).wgmma
+    assert choose(spec(1024, 64, "TopLeft"), wgmma=True).tma and not choose(spec(256, 64), wgmma=True).wgmma
     assert not choose(spec(1024, 96, "TopLeft"), wgmma=True).wgmma and choose(spec(512, 128, "TopLeft"), wgmma=True).tma
-    for seq, d, causal in ((512, 64, "none"), (512, 128, "none"), (512, 128, "TopLeft"), (8192, 64, "TopLeft")):
+    for seq, d, causal in ((512, 64, "none"), (512, 128, "none"), (2048, 128, "none"), (8192, 128, "none"),
+                           (512, 64, "TopLeft"), (512, 128, "TopLeft"), (2048, 128, "TopLeft"), (8192, 64, "TopLeft")):
         cfg = choose(spec(seq, d, causal), wgmma=True)
         warps = 12 if d == 64 and causal == "none" else 8  # d64 without a mask: 3 computing warpgroups
         assert (cfg.tma, cfg.warps, cfg.bn, cfg.stages, cfg.group_diag) == (True, warps, 128, 3, False), (seq, d, causal, cfg)
+        persistent = seq < (4096 if causal == "none" else 2048)  # (with 2 computing warpgroups: in ping-pong)
+        expect = (132, 2 if d == 64 else 1, warps == 8) if persistent else (0, 1, False)
+        assert (cfg.persistent, cfg.q_bufs, cfg.pingpong) == expect, (seq, d, causal, cfg)
+    symbolic = tvm.tirx.Var("s", "int64")
+    assert not choose(spec(symbolic, 128), wgmma=True).persistent  # (an unknown length counts as long)
     for seq, d, causal in ((512, 32, "none"), (2048, 96, "TopLeft")):
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.wgmma, cfg.tma, cfg.warps, cfg.bn) == (True, False, 16 if d <= 64 else 12, 64), (seq, d, causal, cfg)
