@@ -186,14 +186,14 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     causal below 2048: 2 computing warpgroups in ping-pong (FA3's schedule), head_dim 64 with 2 Q buffers (their 3
     stages leave room; d128's would need 2 stages, which lose).
 
-    H200, same-run ratios over three runs of two builds (2026-12-01 11:47, 11:52, 12:07), against the same kernel with
-    one CTA per item: causal at seq 512 d128 +8-11 % (with ping-pong +12-15 %); without a mask d64 +6-7 % at 512, d128
-    +4 % at 2048 and -1 to -3 % at 512 (with ping-pong +3-5 %; an earlier build: +21 %). Ping-pong over persistence
-    alone: d128 at 512 +4-7 % (causal or not), at 2048 -1 to +3 %; d64 causal at 512 +5 % (one run). d64 causal at 512
-    (2 Q buffers) against the mma.sync kernel the rule kept there before: +7 % in two runs, -4 % in the third. Where
-    items are long the static round robin ends less evenly than the hardware's launch order: at seq 8192 -5 to +4 %
-    (d128 causal -9 to -12 %), causal at 2048 d128 -5 %, d64 +4-5 %. (The grid assumes the H200's 132 SMs: a GPU with
-    fewer runs the surplus CTAs as a second wave.)"""
+    H200, two runs of one build, rounds in random order (2026-12-01 12:2x and 12:4x; same-run ratios), against the
+    same kernel with one CTA per item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %, and +3 % over
+    the mma.sync kernel the rule kept there before); seq 2048 level (0 to +3 %). At seq 8192, where items are long
+    and the static round robin ends less evenly than the hardware's launch order, persistence measured -8 to +2 %.
+    Ping-pong over persistence alone: d128 +4 % / -1 % at seq 512, causal -4-5 % (still taken: the next rule change),
+    d64 causal +3-5 %; 2 Q buffers over 1 for d64: +4-7 %. (Runs before these rotated one timing order, which kept the
+    rule's kernel behind cuDNN's and cannot decide close calls.) The grid assumes the H200's 132 SMs: a GPU with
+    fewer runs the surplus CTAs as a second wave."""
     if not cfg.tma or at_least(spec.seq_q, 2048 if spec.causal != "none" else 4096):
         return cfg
     return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if spec.head_dim <= 64 else 1, pingpong=cfg.warps == 8)
@@ -209,10 +209,11 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
       stages. H200, same run (2026-12-01 09:33), against the cp.async kernel below: d128 +16-19 % at seq 8192,
       +11-14 % at 2048, +3-6 % at 512; d64 +12-33 % at 8192, +6-20 % at 2048, -3 % at 512 without a mask (an earlier
       run, 2 computing warpgroups for d64 too: +6-14 % at seq >= 2048). d128 causal at seq 512: +6-20 % over
-      mma.sync in two runs (d64 there: -10-13 %, until the persistent kernel: +7 %). d64 without a mask: 3 computing warpgroups
+      mma.sync in two runs (d64 there: -10-13 %, until the persistent kernel: +3 %). d64 without a mask: 3 computing warpgroups
       +14-20 % over 2 at seq >= 2048 in two runs (their 160 registers hold 128-key tiles of d64; causal, 3 lose
-      5-25 %). 2 stages ran 13-32 % slower. The 2 warpgroups' ping-pong (``pingpong``) measured -6 to +17 % across
-      shapes and three runs (not taken).
+      5-25 %). 2 stages ran 13-32 % slower. The 2 warpgroups' ping-pong (``pingpong``) without persistence measured
+      -6 to +17 % across shapes and three runs (not taken; those runs timed the rule's kernel right after cuDNN's,
+      see benchmarks/attention.py's ROUNDS).
     - Other head dims, the cp.async kernel (``cp_async_wgmma_config``): up to 4096 rows each warpgroup also stops
       at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at 8192, where the diagonal is a
       smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all copies). 64-key tiles. 4
@@ -356,6 +357,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
         if lpt:
             return w // (H * batch), w % H, w // H % batch
         return w % nq, w // nq % H, w // (nq * H)
+
+    def cta_items(cta):  # persistent: work items of CTA ``cta`` (items cta, cta + ctas, ...)
+        return (items - cta + ctas - 1) // ctas
 
     def persistent_or(value, plain):  # (a conditional the macros evaluate in Python)
         return value if PS else plain
@@ -879,12 +883,11 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, Q_EMPTY + i), T.uint32(cfg.warps))
                 T.ptx["fence.mbarrier_init.release.cluster"]()
             T.tvm_storage_sync("shared")
-            n_items = T.meta_var((items - bx0 + ctas - 1) // max(ctas, 1))  # persistent: this CTA's
             if warp // 4 == NW:
                 T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGS)
                 if tx == NC:
                     if PS:
-                        for it in T.serial(n_items):
+                        for it in T.serial(cta_items(bx0)):
                             set_work(it)
                             produce()
                             fills[0] = fills[0] + n_kv
@@ -897,7 +900,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
                 if PS:  # each item ends in its own epilogue, from the registers; the producer loads on meanwhile
                     first_turn()
-                    for it in T.serial(n_items):
+                    for it in T.serial(cta_items(bx0)):
                         set_work(it)
                         init_acc()
                         compute()
