@@ -4,8 +4,8 @@ Such a tensor is carried in the compiled graph as its storage byte, one element 
 ml_dtypes (and so numpy, onnx and the ONNX test data) keeps for it. Only Cast / CastLike to and from these
 types are compiled, each as integer bit arithmetic in TE that follows ONNX's reference
 (``onnx.reference.ops.op_cast``): round to nearest even, the ``saturate`` tables, NaN / infinity per format,
-no negative zero in the FNUZ formats, E8M0's ``round_mode``, integers wrapped to their width; and
-QuantizeLinear / DequantizeLinear (not blocked) built on them. Any other use of these types stays refused
+no negative zero in the FNUZ formats, E8M0's ``round_mode``, integers wrapped to their width (a float out of
+range: 0); and QuantizeLinear / DequantizeLinear (not blocked) built on them. Any other use of these types stays refused
 (``problems``).
 
 Why not TVM's own float8/float4 dtypes: TVM 0.27 casts to them with the hardware/LLVM conversion (or its
@@ -103,23 +103,31 @@ def decode_float(code: tirx.PrimExpr, fmt: FloatFormat) -> tirx.PrimExpr:
     return _f32(bits | (sign << 31))
 
 
+# The IEEE layouts an encoder reads: total bits, exponent bits, mantissa bits.
+_IEEE = {"float32": (32, 8, 23), "float64": (64, 11, 52)}
+
+
 def encode_float(x: tirx.PrimExpr, fmt: FloatFormat, saturate: bool) -> tirx.PrimExpr:
-    """A float32 value -> the int32 code of ``fmt`` nearest to it (ties to even), with ONNX's saturate /
-    NaN / infinity rules, from the bits of ``x`` (integer arithmetic only, nothing rounded twice)."""
-    u = tirx.reinterpret("int32", x)
-    sign = (u >> 31) & 1
-    e, m = (u >> 23) & 0xFF, u & 0x7FFFFF
-    full = tirx.Select(e == 0, m, m | (1 << 23))  # the significand as an integer
-    exp = tirx.max(e, 1) - 127  # its unbiased exponent: value = full * 2^(exp - 23)
+    """A float32 or float64 value -> the int32 code of ``fmt`` nearest to it (ties to even), with ONNX's
+    saturate / NaN / infinity rules, from the bits of ``x`` (integer arithmetic only, rounded once: a float64
+    is not rounded to float32 first, which would move values within a float32 ulp of a tie)."""
+    width, ebits, mbits = _IEEE[_dtype(x)]
+    wide = f"int{width}"
+    u = tirx.reinterpret(wide, x)
+    sign = tirx.Cast("int32", (u >> (width - 1)) & 1)
+    e = tirx.Cast("int32", (u >> mbits) & ((1 << ebits) - 1))
+    m = u & _i((1 << mbits) - 1, wide)
+    full = tirx.Select(e == 0, m, m | _i(1 << mbits, wide))  # the significand as an integer
+    exp = tirx.max(e, 1) - ((1 << (ebits - 1)) - 1)  # its unbiased exponent: value = full * 2^(exp - mbits)
     binade = tirx.max(exp, 1 - fmt.bias)  # the target binade (the subnormal one below the normals)
-    # drop the bits below the target's last mantissa bit; past 25 everything rounds to 0 anyway
-    shift = tirx.min(binade - fmt.mbits - exp + 23, 25)
+    # drop the bits below the target's last mantissa bit; past mbits + 2 everything rounds to 0 anyway
+    shift = tirx.Cast(wide, tirx.min(binade - fmt.mbits - exp + mbits, mbits + 2))
     kept = full >> shift
     rest = full - (kept << shift)
-    half = _i(1) << (shift - 1)
+    half = _i(1, wide) << (shift - 1)
     up = tirx.Or(rest > half, tirx.And(rest == half, (kept & 1) == 1))
     # kept counts quanta of the binade; a carry past 2^(mbits+1) lands in the next binade by itself
-    code = ((binade + fmt.bias - 1) << fmt.mbits) + kept + tirx.Select(up, _i(1), _i(0))
+    code = ((binade + fmt.bias - 1) << fmt.mbits) + tirx.Cast("int32", kept) + tirx.Select(up, _i(1), _i(0))
 
     def signed(mag: tirx.PrimExpr) -> tirx.PrimExpr:
         return mag | (sign << fmt.sign_shift)
@@ -136,7 +144,7 @@ def encode_float(x: tirx.PrimExpr, fmt: FloatFormat, saturate: bool) -> tirx.Pri
         nan, finite = signed(_i(fmt.nan)), signed(code)
     else:  # float4 has no NaN: ml_dtypes (ONNX's reference) writes the zero of the opposite sign
         nan, finite = (1 - sign) << fmt.sign_shift, signed(code)
-    special = e == 0xFF
+    special = e == (1 << ebits) - 1
     is_nan = tirx.And(special, m != 0)
     return tirx.Select(is_nan, nan, tirx.Select(tirx.Or(special, code > fmt.max_code), big, finite))
 
@@ -174,14 +182,15 @@ def decode_int(code: tirx.PrimExpr, bits: int, signed: bool) -> tirx.PrimExpr:
     return ((low ^ half) - half) if signed else low
 
 
-def encode_int(x: tirx.PrimExpr, bits: int) -> tirx.PrimExpr:
-    """Integers keep their low ``bits`` (ONNX: discard the higher bits). Floats are truncated toward zero to
-    an int32 first, as ml_dtypes (ONNX's reference) does; outside int32's range (undefined in ONNX: NaN,
-    infinities, x > 2^31 - 1 or x < -2^31, before truncation) the result is 0, as ml_dtypes gives."""
+def encode_int(x: tirx.PrimExpr, bits: int, signed: bool) -> tirx.PrimExpr:
+    """Integers keep their low ``bits`` (ONNX: discard the higher bits). Floats are truncated toward zero, as
+    ml_dtypes (ONNX's reference) does; a float whose truncation is outside the type's range (undefined in
+    ONNX: NaN and infinities too) gives 0, as ml_dtypes >= 0.7 does (0.6 wrapped the int32 truncation)."""
     if _is_float(x):
-        x = tirx.Cast("float64", x)
-        ok = tirx.And(x >= tirx.const(-2.0**31, "float64"), x <= tirx.const(2.0**31 - 1, "float64"))
-        x = tirx.Select(ok, tirx.Cast("int32", tirx.trunc(x)), _i(0))
+        lo = -(1 << (bits - 1)) if signed else 0
+        t = tirx.trunc(tirx.Cast("float64", x))
+        ok = tirx.And(t >= tirx.const(lo, "float64"), t <= tirx.const(lo + (1 << bits) - 1, "float64"))
+        x = tirx.Select(ok, tirx.Cast("int32", t), _i(0))
     return tirx.Cast("int32", tirx.Cast("int64", x) & ((1 << bits) - 1))
 
 
@@ -197,18 +206,21 @@ def _to_plain(v: tirx.PrimExpr, src: int) -> tirx.PrimExpr:
 
 
 def _wide(v: tirx.PrimExpr, dst: int) -> tirx.PrimExpr:
-    """The value an encoder into ``dst`` starts from. Float targets start from float32, any source rounded
-    to it first (float16/bfloat16 exactly): ONNX's reference (ml_dtypes) and onnxruntime both convert a
-    float64 that way, rounding it twice. Integer targets from the float64 or int64 value."""
+    """The value an encoder into ``dst`` starts from. Integer targets: the float64 or int64 value. Float8 /
+    float4 targets: a float64 as it is (ml_dtypes >= 0.7, ONNX's reference, rounds it once; onnxruntime and
+    ml_dtypes 0.6 round it to float32 first), anything else as float32 (exact for float16 / bfloat16).
+    E8M0: float32, as the reference's ``to_float8e8m0`` converts any input first."""
     if dst in INTS:
         return tirx.Cast("float64" if _is_float(v) else "int64", v)
+    if dst in FLOATS and _dtype(v) == "float64":
+        return v
     return tirx.Cast("float32", v)
 
 
 def _encode(v: tirx.PrimExpr, dst: int, saturate: bool, round_mode: str) -> tirx.PrimExpr:
     """A ``_wide`` value -> the storage byte of ``dst``."""
     if dst in INTS:
-        code = encode_int(v, INTS[dst][0])
+        code = encode_int(v, *INTS[dst])
     elif dst == E8M0:
         code = encode_e8m0(v, saturate, round_mode)
     else:
