@@ -183,20 +183,22 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) below 4096 rows,
-    causal below 2048: 2 computing warpgroups in ping-pong (FA3's schedule), head_dim 64 with 2 Q buffers (their 3
-    stages leave room; d128's would need 2 stages, which lose).
+    causal below 2048: 2 computing warpgroups in ping-pong (FA3's schedule) but for causal head_dim 128, head_dim 64
+    with 2 Q buffers (their 3 stages leave room; d128's would need 2 stages, which lose).
 
     H200, two runs of one build, rounds in random order (2026-12-01 12:2x and 12:4x; same-run ratios), against the
     same kernel with one CTA per item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %, and +3 % over
     the mma.sync kernel the rule kept there before); seq 2048 level (0 to +3 %). At seq 8192, where items are long
     and the static round robin ends less evenly than the hardware's launch order, persistence measured -8 to +2 %.
-    Ping-pong over persistence alone: d128 +4 % / -1 % at seq 512, causal -4-5 % (still taken: the next rule change),
-    d64 causal +3-5 %; 2 Q buffers over 1 for d64: +4-7 %. (Runs before these rotated one timing order, which kept the
-    rule's kernel behind cuDNN's and cannot decide close calls.) The grid assumes the H200's 132 SMs: a GPU with
-    fewer runs the surplus CTAs as a second wave."""
+    Ping-pong over persistence alone: d64 causal +3-5 %; d128 at seq 512 within the runs' noise (three runs, the
+    third at 15:40: +4 / -1 / -5 % without a mask, -4 / -5 / +6 % causal, so not taken there); 2 Q buffers over 1
+    for d64: +4-7 %. (Runs before these rotated one timing order, which kept the rule's kernel behind cuDNN's and
+    cannot decide close calls.) The grid assumes the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a
+    second wave."""
     if not cfg.tma or at_least(spec.seq_q, 2048 if spec.causal != "none" else 4096):
         return cfg
-    return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if spec.head_dim <= 64 else 1, pingpong=cfg.warps == 8)
+    pingpong = cfg.warps == 8 and (spec.causal == "none" or spec.head_dim <= 64)
+    return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if spec.head_dim <= 64 else 1, pingpong=pingpong)
 
 
 def choose(spec, wgmma: bool = False) -> TileConfig:

@@ -368,7 +368,7 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (2 computing warpgroups of 128-key tiles, 3 stages; 3 for d64
     without a mask; persistent, 132 CTAs, below 4096 rows, causal below 2048, 2 computing warpgroups then in
-    ping-pong; d64 with 2 Q buffers), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles);
+    ping-pong, but d128 causal; d64 with 2 Q buffers), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles);
     else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
@@ -384,8 +384,9 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         cfg = choose(spec(seq, d, causal), wgmma=True)
         warps = 12 if d == 64 and causal == "none" else 8  # d64 without a mask: 3 computing warpgroups
         assert (cfg.tma, cfg.warps, cfg.bn, cfg.stages, cfg.group_diag) == (True, warps, 128, 3, False), (seq, d, causal, cfg)
-        persistent = seq < (4096 if causal == "none" else 2048)  # (with 2 computing warpgroups: in ping-pong)
-        expect = (132, 2 if d == 64 else 1, warps == 8) if persistent else (0, 1, False)
+        persistent = seq < (4096 if causal == "none" else 2048)  # (2 computing warpgroups: in ping-pong, but d128 causal)
+        pingpong = warps == 8 and (causal == "none" or d == 64)
+        expect = (132, 2 if d == 64 else 1, pingpong) if persistent else (0, 1, False)
         assert (cfg.persistent, cfg.q_bufs, cfg.pingpong) == expect, (seq, d, causal, cfg)
     symbolic = tvm.tirx.Var("s", "int64")
     assert not choose(spec(symbolic, 128), wgmma=True).persistent  # (an unknown length counts as long)
