@@ -229,15 +229,6 @@ def _few_rows_variants() -> list[tuple]:
     return variants
 
 
-def _hint_variants() -> list[tuple]:
-    """The rule's plan with L2 eviction priorities (``CudaPlan.hints``) for every GPU_SHAPES case that streams rows
-    (reads part of them back from L2 in pass 2)."""
-    from schedules.softmax import cuda_plan
-
-    plans = [(r, c, dt, cuda_plan(r, c, dt, "sm_90")) for r, c in GPU_SHAPES for dt in DTYPES]
-    return [(r, c, dt, dataclasses.asdict(dataclasses.replace(p, hints=True))) for r, c, dt, p in plans if p.cache == "l2"]
-
-
 def build(out: Path) -> None:
     from compiler.build import Built
 
@@ -252,8 +243,7 @@ def build(out: Path) -> None:
         for r, c in FEW_ROWS_SHAPES for dt in DTYPES
     ] + [
         {"impl": "variant", "kind": "softmax", "dtype": dt, "rows": r, "cols": c, "check": check, "variant": plan}
-        for (r, c, dt, plan), check in [(v, False) for v in VARIANTS + _few_rows_variants() + _hint_variants()]
-        + [(OVERSUBSCRIBED, True)]
+        for (r, c, dt, plan), check in [(v, False) for v in VARIANTS + _few_rows_variants()] + [(OVERSUBSCRIBED, True)]
     ]
     for i, case in enumerate(cases):
         case["name"] = _name(case["impl"], case["kind"], case["dtype"], case["rows"], case["cols"])

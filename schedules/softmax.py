@@ -110,7 +110,6 @@ class CudaPlan:
     cache: str = "local"
     chunks: int = 1
     cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
-    hints: bool = False  # block kernel: L2 eviction priorities on its 128-bit accesses (softmax_tir._HINT_SRC)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -207,7 +206,7 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
     if plan.cache == "l2" or plan.lanes > 32:  # the block kernel, a kernel already: nothing to schedule
         return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
-                                                 plan.cached, plan.chunks, plan.hints), kind)
+                                                 plan.cached, plan.chunks), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])

@@ -134,43 +134,6 @@ __forceinline__ __device__ int tvmpipe_split_ID_take(int b, unsigned long long e
 """
 
 
-# L2 eviction priorities for a streamed row's 16-byte accesses (PTX ``createpolicy`` + ``.L2::cache_hint``, sm_80+):
-# the steps that pass 2 reads back from L2 are loaded evict-last; every other access (the steps kept on chip, the
-# last reads, the output's stores) evict-first, so that the rows in flight do not push those steps out of L2.
-_HINT_SRC = r"""
-#ifndef TVMPIPE_L2_HINTS
-#define TVMPIPE_L2_HINTS
-__forceinline__ __device__ unsigned long long tvmpipe_l2_policy(bool keep) {
-  unsigned long long p;
-  if (keep) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  else asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__forceinline__ __device__ void tvmpipe_ld16_keep(void* d, const void* s) {
-  uint4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(s), "l"(tvmpipe_l2_policy(true)));
-  *(uint4*)d = v;
-}
-__forceinline__ __device__ void tvmpipe_ld16_once(void* d, const void* s) {
-  uint4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(s), "l"(tvmpipe_l2_policy(false)));
-  *(uint4*)d = v;
-}
-__forceinline__ __device__ void tvmpipe_st16_once(void* d, const void* s) {
-  uint4 v = *(const uint4*)s;
-  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-               :: "l"(d), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(tvmpipe_l2_policy(false)) : "memory");
-}
-__forceinline__ __device__ void tvmpipe_cp16_once(void* d, const void* s) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
-               :: "r"((unsigned)__cvta_generic_to_shared(d)), "l"(s), "l"(tvmpipe_l2_policy(false)) : "memory");
-}
-#endif
-"""
-
-
 def _split_src(kernel: str, blocks: int) -> str:
     """The rendezvous helpers of one kernel (``kernel`` names it: kernels alike share them, one launch at a time)."""
     return _SPLIT_SRC.replace("ID", kernel).replace("BLOCKS", str(blocks)).replace("WAIT_NS", str(SPLIT_WAIT_NS))
@@ -234,7 +197,7 @@ def stream_vectors(cols: int, vec: int) -> int:
 
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
-                chunks: int = 1, hints: bool = False):
+                chunks: int = 1):
     """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
     (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
     online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
@@ -258,7 +221,6 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
     element by element. A step's groups of vectors that lie wholly past the row are skipped (block-uniform).
-    ``hints``: those 128-bit accesses carry L2 eviction priorities (``_HINT_SRC``).
     """
     L, V, U, W, P = lanes, vec, per_thread, lanes // 32, chunks
     assert L % 32 == 0 and L <= 1024, L
@@ -303,23 +265,17 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         return T.Cast(dtype, ex(value, stat[0]) * stat[1])
 
     @T.macro
-    def move(xv, flat, r, it, tx, load, hint):
+    def move(xv, flat, r, it, tx, load):
         """Step ``it``'s vectors between the flat tensor and xv: ``load``: xv <- x, elements that are not this row's
-        -inf (and not read); else y <- xv, the row's elements only. ``hint`` (with ``hints``): the 128-bit accesses'
-        L2 priority, "keep" (read again) or "once"."""
+        -inf (and not read); else y <- xv, the row's elements only."""
         for u in T.unroll(U):
             if live(it, u):
                 if whole(r, it, u, tx):
-                    if hints:
-                        pair = T.meta_var((xv.ptr_to([u, 0]), flat.ptr_to([start(r, it, u, tx)])))
-                        T.evaluate(T.cuda.func_call(f"tvmpipe_ld16_{hint}" if load else "tvmpipe_st16_once",
-                                                    *(pair if load else pair[::-1]), source_code=_HINT_SRC))
-                    else:
-                        for v in T.vectorized(V):
-                            if load:
-                                xv[u, v] = flat[start(r, it, u, tx) + v]
-                            else:
-                                flat[start(r, it, u, tx) + v] = xv[u, v]
+                    for v in T.vectorized(V):
+                        if load:
+                            xv[u, v] = flat[start(r, it, u, tx) + v]
+                        else:
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
                 else:
                     for v in T.unroll(V):
                         if load:
@@ -387,19 +343,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 for u in T.unroll(U):
                     if live(it, u):
                         if whole(r, it, u, tx):
-                            if hints:
-                                T.evaluate(T.cuda.func_call("tvmpipe_cp16_once", keep.ptr_to([i, u, tx, 0]),
-                                                            xf.ptr_to([start(r, it, u, tx)]), source_code=_HINT_SRC))
-                            else:
-                                T.ptx["cp.async.cg.shared.global"](
-                                    keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
+                            T.ptx["cp.async.cg.shared.global"](
+                                keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
                         else:  # a row end: its own elements, -inf for the neighbours'
                             for v in T.unroll(V):
                                 keep[i, u, tx, v] = T.if_then_else(
                                     mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], _neg_inf(dtype))
                 T.ptx.cp.async_.commit_group()
-        if C < steps:  # (read again from L2 in pass 2 unless it is the last step, which stays in registers)
-            move(xv, xf, r, c * steps + C, tx, True, "keep" if C < steps - 1 else "once")
+        if C < steps:
+            move(xv, xf, r, c * steps + C, tx, True)
         if C > 0:
             for i in T.unroll(C):
                 it = T.meta_var(c * steps + i)
@@ -412,10 +364,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         for i in T.serial(C, steps):
             it = T.meta_var(c * steps + i)
             if i > C:
-                if hints and i < steps - 1:
-                    move(xv, xf, r, it, tx, True, "keep")
-                else:
-                    move(xv, xf, r, it, tx, True, "once")
+                move(xv, xf, r, it, tx, True)
             absorb(xv, ev, st, it)
 
     @T.macro
@@ -430,7 +379,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 if live(0, u):
                     for v in T.unroll(V):
                         xv[u, v] = T.Cast(dtype, ev[u, v] * st[2])
-            move(xv, yf, r, 0, tx, False, "once")
+            move(xv, yf, r, 0, tx, False)
         else:
             for ti in T.serial(steps):  # last step first
                 i = T.meta_var(steps - 1 - ti)
@@ -441,11 +390,11 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             for v in T.vectorized(V):
                                 xv[u, v] = keep[i, u, tx, v]
                 elif ti > 0:  # (the chunk's last step is still in registers from pass 1)
-                    move(xv, xf, r, it, tx, True, "once")
+                    move(xv, xf, r, it, tx, True)
                 for u in T.unroll(U):
                     for v in T.unroll(V):
                         xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
-                move(xv, yf, r, it, tx, False, "once")
+                move(xv, yf, r, it, tx, False)
 
     @T.macro
     def exchange(st, xs, ev, sync, tick, xf, r, b, tx):
@@ -478,7 +427,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             st[0] = neg_inf
             st[1] = T.float32(0)
             for it in T.serial(P * steps):
-                move(xs, xf, r, it, tx, True, "once")
+                move(xs, xf, r, it, tx, True)
                 absorb(xs, ev, st, it)
 
     @T.prim_func(s_tir=True)

@@ -457,12 +457,6 @@ def _helpers(preamble: str) -> str:
             defs.append(f"static inline void {name}() {{ emu_setmaxnreg({m.group(2)}, {str(m.group(1) == 'inc').lower()}); }}")
         elif name.startswith("tvm_builtin_ptx_fence_mbarrier_init"):  # (the emulated mbarriers are mutex-guarded)
             defs.append(f"static inline void {name}() {{}}")
-        elif name == "tvmpipe_l2_policy":  # (L2 eviction priorities: no cache here)
-            defs.append(f"static inline unsigned long long {name}({params}) {{ return 0; }}")
-        elif re.fullmatch(r"tvmpipe_(ld16|st16)_\w+", name):  # a 16-byte access with an L2 priority
-            defs.append(f"static inline void {name}({params}) {{ std::memcpy(d, s, 16); }}")
-        elif name == "tvmpipe_cp16_once":
-            defs.append(f"static inline void {name}({params}) {{ emu_cp_async(__cvta_generic_to_shared(d), s, 16, 16); }}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|fence_proxy)_\w+", name):

@@ -7,8 +7,6 @@ check in ``benchmarks/softmax.py``, which runs the same cases on the H200.
 import json
 import zipfile
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import tvm
@@ -124,22 +122,7 @@ STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1
 @pytest.mark.parametrize("kind", S.KINDS)
 def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, chunks, kind):
     vec = 16 // np.dtype(dtype).itemsize
-    _emulate_stream(rng, rows, cols, dtype, kind, S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks))
-
-
-# With L2 eviction priorities (their 16-byte loads, stores and copies as helper calls): streamed steps kept in shared
-# memory, read back from L2 and in registers; resident; split with cached steps; rows ending mid-vector.
-@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached, chunks",
-                         [(3, 3000, "float32", 64, 1, 3, 1), (5, 1023, "float16", 32, 1, 2, 1), (8, 300, "float32", 64, 4, 0, 1),
-                          (3, 4096, "float16", 32, 1, 2, 4), (3, 3000, "bfloat16", 64, 1, 2, 1)])
-def test_cuda_stream_kernel_with_l2_hints_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, chunks):
-    vec = 16 // np.dtype(dtype).itemsize
-    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks, hints=True)
-    for kind in S.KINDS:
-        _emulate_stream(rng, rows, cols, dtype, kind, plan)
-
-
-def _emulate_stream(rng, rows: int, cols: int, dtype: str, kind: str, plan) -> None:
+    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks)
     func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
@@ -202,22 +185,6 @@ def test_cuda_source_structure(rows, cols, dtype, regime):
     if regime == "warp":  # the row is loaded once: count x_ptr loads
         assert "extern __shared__" not in src
         assert src.count("x_ptr + ") + src.count("x_ptr[") == plan.per_thread
-    assert "tvmpipe_l2_policy" not in src  # (L2 priorities only where a plan asks for them)
-
-
-def test_cuda_l2_hints_source():
-    """A streamed row with ``hints``: its cached steps copied (cp.async) evict-first, the steps pass 2 reads back
-    from L2 loaded evict-last, its last step (kept in registers), the read-back and the stores evict-first; no
-    128-bit access without a priority."""
-    plan = replace(S.cuda_plan(128, 131072, "float32", "sm_90"), hints=True)
-    assert (plan.cache, plan.cached, plan.lanes * plan.per_thread * plan.vec) == ("l2", 3, 16384)  # 8 steps, 3 cached
-    src = tvm.compile(S.schedule_cuda(128, 131072, "float32", "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
-    U = plan.per_thread
-    body = src[src.index("__global__"):]
-    # calls per unrolled step: cp.async x 3 cached steps; keep: the first uncached step + the loop's; once: the last
-    # step's load in the loop, pass 2's read-back; stores: pass 2's
-    assert [body.count(f"tvmpipe_{f}(") for f in ("cp16_once", "ld16_keep", "ld16_once", "st16_once")] == [3 * U, 2 * U, 2 * U, U]
-    assert "*(float4*)(xf_ptr" not in body and "*(float4*)(yf_ptr" not in body
 
 
 # DLight-style Before/After: the canonical kernel of a 64 x 128 float32 softmax and its warp schedule
