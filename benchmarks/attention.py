@@ -3,7 +3,7 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
 
     python3 benchmarks/attention.py --build            # here (TVM compiler): build/gpu/attention/attention.so
     python3 benchmarks/attention.py --run --out DIR    # GPU machine (TVM runtime + torch): DIR/attention-<gpu>.json + .png
-    python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering
+    python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering and onnxruntime
     python3 benchmarks/attention.py --summary FILE     # per shape: rule's choice, best tile config, torch (from --run's JSON)
 
 ``--build`` compiles every kernel below (static shapes, sm_90a, cubin + PTX via NVRTC) into ONE library:
@@ -318,41 +318,76 @@ def summary(records: list[dict]) -> None:
               f"{torch.get('torch-cudnn', math.nan):7.1f} {ours.get('rule', math.nan) / flash:10.2f} {ours[best] / flash:10.2f}")
 
 
-def cpu(out: Path) -> None:
-    """Latency on this CPU of the fused kernel and of TVM's default (unfused) lowering of the same op."""
+def cpu(out: Path, rounds: int = 5) -> None:
+    """Latency on this CPU of one ONNX ``Attention`` (opset 23) node, as a user's model holds it: compiled by tvmpipe
+    (the fused kernel), by tvmpipe ``--no-custom-schedules`` (TVM's unfused lowering), and run by onnxruntime;
+    each checked against float64, timed in ``rounds`` interleaved rounds (median and best)."""
+    import os
     import platform
+    import tempfile
 
     import numpy as np
-    import tvm
-    from tvm import relax
-    from tvm.script import relax as R
+    import onnx
+    from onnx import TensorProto, helper
 
-    from compiler import passes, schedules, targets
-    from compiler.build import build
+    from compiler import compile_model, load, targets
+    from compiler.compare import OrtSession, errors
+    from compiler.pipeline import Options
 
-    info = targets.resolve("cpu")
+    b, s, h, d = 2, 512, 8, 64
     records = []
-    for dtype in ("float32", "float16"):
-        for causal in (None, "TopLeft"):
-            b, s, h, d = 2, 512, 8, 64
-            bb = relax.BlockBuilder()
-            q, k, v = (relax.Var(n, R.Tensor((b, s, h, d), dtype)) for n in "qkv")
-            with bb.function("main", [q, k, v]):
-                bb.emit_func_output(bb.emit(relax.op.nn.attention(q, k, v, causal_mask=causal)))
-            args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal((b, s, h, d)).astype(dtype)) for _ in "qkv"]
-            for impl, fused in (("tvmpipe", True), ("tvm-unfused", False)):
-                mod, _ = passes.optimize(bb.get(), info, legalize=schedules.legalizations() if fused else {})
-                mod, _ = schedules.apply(mod, info, enabled=fused)
-                vm = relax.VirtualMachine(build(mod, info).exe, tvm.cpu())
-                ms = 1e3 * min(vm.time_evaluator("main", tvm.cpu(), number=1, repeat=5 if fused else 2)(*args).results)
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype, elem in (("float32", TensorProto.FLOAT), ("float16", TensorProto.FLOAT16)):
+            for causal in (False, True):
+                node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=h,
+                                        is_causal=int(causal))
+                io = [helper.make_tensor_value_info(n, elem, [b, s, h * d]) for n in "qkvy"]
+                model = helper.make_model(helper.make_graph([node], "attention", io[:3], io[3:]),
+                                          opset_imports=[helper.make_opsetid("", 23)])
+                model.ir_version = 10
+                path = Path(tmp) / "attention.onnx"
+                onnx.save(model, path)
+                rng = np.random.default_rng(0)
+                inputs = {n: rng.standard_normal((b, s, h * d)).astype(dtype) for n in "qkv"}
+                ref = {"y": _reference_bshd(*(inputs[n].reshape(b, s, h, d) for n in "qkv"), causal).reshape(b, s, h * d)}
+                impls = {}
+                for impl, custom in (("tvmpipe", True), ("tvm-unfused", False)):
+                    compile_model(path, "cpu", Path(tmp) / f"{impl}.tvmpkg", options=Options(custom_schedules=custom))
+                    runner = load(str(Path(tmp) / f"{impl}.tvmpkg"))
+                    impls[impl] = (runner(**inputs), lambda n, r=runner: r.time(inputs, repeat=n, warmup=1).ms)
+                ort = OrtSession(str(path), threads=os.cpu_count())
+                impls["onnxruntime"] = (ort(inputs), lambda n: ort.time(inputs, repeat=n, warmup=1))
+                times: dict[str, list[float]] = {impl: [] for impl in impls}
+                for _ in range(rounds):  # (the unfused lowering takes ~1 s a call)
+                    for impl, (_, timer) in impls.items():
+                        times[impl] += timer(1 if impl == "tvm-unfused" else 5)
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                records.append({"impl": impl, "dtype": dtype, "causal": bool(causal), "batch": b, "seq": s, "heads": h,
-                                "d": d, "ms": ms, "gflops": flops / ms / 1e6, "device": info.isa_summary(),
-                                "cores": info.cores, "load_avg": list(__import__("os").getloadavg())})
-                print(json.dumps(records[-1]), flush=True)
+                for impl, (result, _) in impls.items():
+                    ms = float(np.median(times[impl]))
+                    err = errors(result, ref)["max_rel_err"]
+                    records.append({"impl": impl, "dtype": dtype, "causal": causal, "batch": b, "seq": s, "heads": h,
+                                    "d": d, "ms": ms, "min_ms": min(times[impl]), "runs": len(times[impl]),
+                                    "gflops": flops / ms / 1e6, "max_rel_err": err, "correct": err <= CPU_TOL[dtype],
+                                    "cores": os.cpu_count(), "load_avg": list(os.getloadavg())})
+                    print(json.dumps(records[-1]), flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "attention-cpu.json").write_text(json.dumps({"machine": platform.processor() or platform.machine(),
-                                                         "records": records}, indent=1))
+    machine = {"machine": platform.machine(), "cpu": targets.resolve("cpu").isa_summary(), "rounds": rounds}
+    (out / "attention-cpu.json").write_text(json.dumps(machine | {"records": records}, indent=1))
+
+
+CPU_TOL = {"float32": 1e-4, "float16": 5e-3}  # normwise relative error against float64
+
+
+def _reference_bshd(q, k, v, causal: bool):
+    """softmax(q kᵀ / sqrt(d) (+ causal mask)) v in float64, [batch, seq, heads, dim] (an independent reference)."""
+    import numpy as np
+
+    q, k, v = (np.asarray(t, np.float64).transpose(0, 2, 1, 3) for t in (q, k, v))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    if causal:
+        scores = np.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3)
 
 
 def plot(records: list[dict], path: Path, device: str) -> None:
@@ -392,7 +427,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true", help="compile the kernels (here, with the TVM compiler)")
     ap.add_argument("--run", action="store_true", help="check and time them (GPU machine, TVM runtime + torch)")
-    ap.add_argument("--cpu", action="store_true", help="time the CPU kernel against TVM's unfused lowering, here")
+    ap.add_argument("--cpu", action="store_true",
+                    help="time the CPU kernel against TVM's unfused lowering and onnxruntime, here")
     ap.add_argument("--summary", type=Path, help="print the per-shape summary of a --run result file")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     a = ap.parse_args()
