@@ -437,6 +437,20 @@ def test_cuda_package_holds_compiled_kernel(tmp_path, seq, d, dtype, causal, tma
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
 
 
+@pytest.mark.parametrize("mcpu, register", [("skylake-avx512", "zmm"), ("znver3", "ymm")])
+def test_cpu_kernel_builds_for_either_vector_width(mcpu, register):
+    """The kernel's AVX-512 form (32-lane score vectors, row reductions halved from 32 lanes) and its AVX2 form (16)
+    both compile, to that width's registers, whichever this machine is (the tests above run its own form)."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cpu import kernel
+
+    spec = AttentionSpec(2, 100, 100, 4, 4, 64, 64, "float32", 0.125, "TopLeft", None, None)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    lib = tvm.compile(tvm.IRModule({"main": kernel(spec, target).with_attr("global_symbol", "main")}), target)
+    asm = lib.mod.inspect_source("asm")
+    assert ("zmm" in asm) == (register == "zmm") and "vfmadd" in asm
+
+
 def test_cpu_tiles_pad_least():
     """Padded query rows and keys are computed in full: static lengths get the tiles that pad least."""
     from tvm import tirx
