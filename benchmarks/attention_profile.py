@@ -1,44 +1,29 @@
 """Nsight Compute side by side: tvmpipe's attention kernel against torch SDPA's cuDNN and flash kernels (issue #5),
-on the benchmark's non-causal seq-2048 shapes (d 128 and 64), to say where the gap to cuDNN is.
+on the benchmark shapes furthest behind cuDNN (seq 512, and d128 at seq 2048), to say where the gap is.
 
-    python3 benchmarks/attention_profile.py --build          # here: the rule's kernels -> build/gpu/attention-profile/
+    python3 benchmarks/attention.py --build                  # here: the benchmark's library, whose rule kernels this runs
     python3 benchmarks/attention_profile.py --run --out DIR  # GPU machine with ncu: DIR/attention-ncu-<gpu>.json
 
 ``--run`` profiles each implementation in its own process (``ncu`` over ``--launch IMPL``, three calls per shape,
-the last one kept) with the speed-of-light, compute, occupancy, launch, scheduler and warp-state sections and the L2 and
-DRAM byte counters, keeping some of their figures per kernel. ncu locks the clocks, so durations differ from
-the benchmark's; ratios do not much.
+the last one kept; the figures kept: ``benchmarks.common.ncu_profile``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.attention import CASES  # noqa: E402
-from benchmarks.common import gpu_slug  # noqa: E402
+from benchmarks.attention import CASES, LIB  # noqa: E402
+from benchmarks.common import gpu_slug, ncu_line, ncu_profile  # noqa: E402
 
-LIB = REPO / "build" / "gpu" / "attention-profile" / "attention.so"
-PROFILED = [c for c in CASES if c.name in ("bench_d128_s2048_full", "bench_d64_s2048_full")]
+PROFILED = [c for c in CASES if c.name in ("bench_d128_s512_full", "bench_d128_s512_causal", "bench_d64_s512_full",
+                                           "bench_d64_s512_causal", "bench_d128_s2048_full")]
 IMPLS = {"tvmpipe": "regex:bench_", "torch-cudnn": "regex:cudnn", "torch-flash": "regex:flash_fwd"}
-SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "SchedulerStats", "WarpStateStats")
-# (record key, ncu metric name): what the comparison rests on
-METRICS = (("duration_ns", "Duration"), ("elapsed_cycles", "Elapsed Cycles"), ("grid", "Grid Size"),
-           ("block", "Block Size"), ("registers", "Registers Per Thread"),
-           ("shared_bytes", "Dynamic Shared Memory Per Block"), ("sm_throughput_pct", "Compute (SM) Throughput"),
-           ("l2_throughput_pct", "L2 Cache Throughput"), ("dram_throughput_pct", "DRAM Throughput"),
-           ("issued_ipc", "Issued Ipc Active"), ("active_warps_per_scheduler", "Active Warps Per Scheduler"),
-           ("warp_cycles_per_issue", "Warp Cycles Per Issued Instruction"),
-           ("l2_bytes", "lts__t_bytes.sum"), ("dram_read_bytes", "dram__bytes_read.sum"))
-RAW = [name for _, name in METRICS if "__" in name]
 
 
 def launch(impl: str) -> None:
@@ -64,43 +49,26 @@ def launch(impl: str) -> None:
                     lib[case.name](*(tvm.runtime.from_dlpack(t) for t in (q, k, v, o)))
             else:
                 with sdpa_kernel(backend):
-                    F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+                    F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=bool(case.causal))
         torch.cuda.synchronize()
 
 
-def number(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
 def profile(impl: str) -> list[dict]:
-    """ncu over ``launch(impl)``: the last of each shape's three calls, METRICS of it."""
-    sections = [a for s in SECTIONS for a in ("--section", s)]
-    cmd = ["ncu", "--csv", "--page", "details", "--print-units", "base", "-k", IMPLS[impl], *sections,
-           "--metrics", ",".join(RAW), sys.executable, __file__, "--launch", impl]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    kernels: dict[str, dict] = {}
-    for row in csv.DictReader(io.StringIO("".join(line + "\n" for line in out.splitlines() if not line.startswith("==")))):
-        kernels.setdefault(row["ID"], {"kernel": row["Kernel Name"][:120]})[row["Metric Name"]] = row["Metric Value"]
-    launches = list(kernels.values())
+    """ncu over ``launch(impl)``: the last of each shape's three calls."""
+    launches = ncu_profile(IMPLS[impl], [__file__, "--launch", impl])
     assert len(launches) == 3 * len(PROFILED), f"{impl}: {len(launches)} kernels profiled"
     return [{"impl": impl, "d": case.head_dim, "seq": case.seq_q, "batch": case.batch, "heads": case.heads,
-             "kernel": got["kernel"], **{key: number(got[name]) for key, name in METRICS}}
-            for case, got in zip(PROFILED, launches[2::3])]
+             "causal": bool(case.causal), **got} for case, got in zip(PROFILED, launches[2::3])]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--build", action="store_true", help="compile the rule's kernels (here, TVM compiler)")
     mode.add_argument("--run", action="store_true", help="profile them and torch's beside them (GPU machine, ncu)")
     mode.add_argument("--launch", choices=IMPLS, help="(what --run profiles)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args(argv)
-    if args.build:
-        from benchmarks.attention import build
-
-        build(PROFILED, LIB, variants=False)
-    elif args.launch:
+    if args.launch:
         launch(args.launch)
     else:
         device = gpu_slug()
@@ -109,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / f"attention-ncu-{device}.json"
         path.write_text(json.dumps(records, indent=1))
         for r in records:
-            print(f"{r['impl']:>12} d{r['d']}: {r['duration_ns'] / 1e3:7.1f} us, SM {r['sm_throughput_pct']:5.1f} %, "
-                  f"L2 {r['l2_throughput_pct']:5.1f} %, IPC {r['issued_ipc']:.2f}, {r['registers']:.0f} regs x "
-                  f"{r['block']:.0f} threads, grid {r['grid']:.0f}; L2 {r['l2_bytes'] / 1e9:.2f} GB, DRAM read "
-                  f"{r['dram_read_bytes'] / 1e9:.2f} GB")
+            print(f"{r['impl']:>12} d{r['d']} s{r['seq']}{' causal' if r['causal'] else '':7}: {ncu_line(r)}")
         print(f"wrote {path}")
     return 0
 

@@ -1,8 +1,68 @@
 """What the GPU benchmark scripts share."""
 
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+
+# Nsight Compute: the sections profiled, and (record key, ncu metric name) of the figures kept from them
+NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+                "SchedulerStats", "WarpStateStats")
+NCU_METRICS = (("duration_ns", "Duration"), ("elapsed_cycles", "Elapsed Cycles"), ("grid", "Grid Size"),
+               ("block", "Block Size"), ("registers", "Registers Per Thread"),
+               ("shared_bytes", "Dynamic Shared Memory Per Block"), ("sm_throughput_pct", "Compute (SM) Throughput"),
+               ("l2_throughput_pct", "L2 Cache Throughput"), ("dram_throughput_pct", "DRAM Throughput"),
+               ("issued_ipc", "Issued Ipc Active"), ("active_warps_per_scheduler", "Active Warps Per Scheduler"),
+               ("warp_cycles_per_issue", "Warp Cycles Per Issued Instruction"),
+               ("l2_bytes", "lts__t_bytes.sum"), ("dram_read_bytes", "dram__bytes_read.sum"),
+               ("dram_write_bytes", "dram__bytes_write.sum"))
+_STALLS = "smsp__average_warps_issue_stalled_"  # + reason + "_per_issue_active.ratio"
+
 
 def gpu_slug() -> str:
     """The current CUDA device's name as a results-file slug ("NVIDIA H200" -> "h200")."""
     import torch
 
     return torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def ncu_profile(kernels: str, argv: list[str]) -> list[dict]:
+    """Nsight Compute over ``python argv`` (GPU machine): per launch of a kernel matching ``kernels`` (ncu's ``-k``,
+    e.g. "regex:cudnn"), in launch order, its name, ``NCU_METRICS`` and its warp stall reasons (cycles per issued
+    instruction, those over 0.05). ncu locks the clocks, so durations differ from a benchmark's; ratios do not much."""
+    raw = [name for _, name in NCU_METRICS if "__" in name]
+    sections = [a for s in NCU_SECTIONS for a in ("--section", s)]
+
+    def ncu(metrics: list[str]) -> subprocess.CompletedProcess:
+        cmd = ["ncu", "--csv", "--page", "details", "--print-units", "base", "-k", kernels, *sections,
+               "--metrics", ",".join(metrics), sys.executable, *argv]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    done = ncu(raw + [f"regex:^{_STALLS}.*_per_issue_active.ratio$"])
+    if done.returncode:  # (an ncu that does not take the stall metrics: without them)
+        print(f"ncu with stall reasons failed ({done.stderr.strip()[-300:]}); without them", flush=True)
+        done = ncu(raw)
+        done.check_returncode()
+    launches: dict[str, dict] = {}
+    text = "".join(line + "\n" for line in done.stdout.splitlines() if not line.startswith("=="))
+    for row in csv.DictReader(io.StringIO(text)):
+        launches.setdefault(row["ID"], {"kernel": row["Kernel Name"][:120]})[row["Metric Name"]] = row["Metric Value"]
+    return [{"kernel": got["kernel"], **{key: _number(got[name]) for key, name in NCU_METRICS if name in got},
+             "stalls": dict(sorted(((name[len(_STALLS):].split("_per_issue")[0], _number(value))
+                                    for name, value in got.items() if name.startswith(_STALLS) and _number(value) > 0.05),
+                                   key=lambda kv: -kv[1]))}
+            for got in launches.values()]
+
+
+def ncu_line(r: dict) -> str:
+    """One profiled launch (``ncu_profile``'s record) in a line."""
+    return (f"{r['duration_ns'] / 1e3:8.1f} us, SM {r['sm_throughput_pct']:5.1f} %, L2 {r['l2_throughput_pct']:5.1f} %, "
+            f"DRAM {r['dram_throughput_pct']:5.1f} %, IPC {r['issued_ipc']:.2f}, {r['registers']:.0f} regs x "
+            f"{r['block']:.0f} threads, grid {r['grid']:.0f}; L2 {r['l2_bytes'] / 1e9:.3f} GB, DRAM read "
+            f"{r['dram_read_bytes'] / 1e9:.3f} / write {r.get('dram_write_bytes', 0) / 1e9:.3f} GB; stalls {r['stalls']}")

@@ -6,6 +6,7 @@ GPU, in two steps (the GPU machine has TVM's runtime only, so everything is comp
     python3 benchmarks/softmax.py --build            # here: all kernels -> build/gpu/softmax/ (one library)
     python3 benchmarks/softmax.py --run --out DIR    # GPU machine: DIR/softmax-<device>.json, .png and
                                                      #   DIR/softmax-check-<device>.json (odd sizes, special values)
+    python3 benchmarks/softmax.py --profile --out DIR  # GPU machine with ncu: DIR/softmax-ncu-<device>.json
 CPU, here:          python3 benchmarks/softmax.py --cpu --out benchmarks/results
 Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) benchmarks/results/softmax-h200.json
                             (--table also prints the few-long-rows layouts from the variants file beside it)
@@ -33,10 +34,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug  # noqa: E402
+from benchmarks.common import gpu_slug, ncu_line, ncu_profile  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "softmax"
 GPU_SHAPES = [(4096, 4096), (32768, 1024), (65536, 128), (1024, 32768), (128, 131072), (16, 1048576), (4096, 50257)]
+# Profiled with Nsight Compute (``--profile``): the shapes short of 0.9 of copy bandwidth, and one at it
+PROFILED_SHAPES = [(128, 131072), (16, 1048576), (4096, 4096)]
 CPU_SHAPES = [(1024, 1024), (8192, 128), (128, 16384), (8, 262144), (64, 50257)]
 DTYPES = ("float32", "float16")  # timed (the issue's cases); checked: these and bfloat16 (CUDA)
 CHECK_DTYPES = (*DTYPES, "bfloat16")
@@ -414,6 +417,47 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
     plot(path)
 
 
+def profile_launch() -> None:
+    """(what ``profile`` watches) Per PROFILED_SHAPES and dtype, 3 calls of our kernel, then 3 of torch's elementwise
+    ``x + 0`` into the same output (a kernel moving the same bytes: torch's copy is a memcpy, which ncu does not
+    profile)."""
+    import torch
+    import tvm
+
+    from compiler.runtime import load_cuda_runtime
+
+    load_cuda_runtime()
+    lib = tvm.runtime.load_module(str(BUILD / "kernels.so"))
+    tdt = {"float32": torch.float32, "float16": torch.float16}
+    for (rows, cols), dt in ((shape, dt) for shape in PROFILED_SHAPES for dt in DTYPES):
+        x = torch.randn(rows, cols, dtype=tdt[dt], device="cuda")
+        y = torch.empty_like(x)
+        kernel = lib[_name("tvmpipe", "softmax", dt, rows, cols)]
+        for _ in range(3):
+            kernel(tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y))
+        torch.cuda.synchronize()
+        for _ in range(3):
+            torch.add(x, 0, out=y)
+        torch.cuda.synchronize()
+
+
+def profile(out: Path) -> None:
+    """Nsight Compute on our kernels of PROFILED_SHAPES and on an elementwise kernel of the same bytes
+    (``benchmarks.common.ncu_profile``), the last of each 3 calls -> ``softmax-ncu-<device>.json``."""
+    launches = ncu_profile("regex:tvmpipe_softmax_|vectorized_elementwise", [__file__, "--profile-launch"])
+    cases = [(shape, dt, impl) for shape in PROFILED_SHAPES for dt in DTYPES for impl in ("tvmpipe", "torch-add0")]
+    assert len(launches) == 3 * len(cases), f"{len(launches)} kernels profiled"
+    device = gpu_slug()
+    records = [{"impl": impl, "dtype": dt, "rows": rows, "cols": cols, "device": device, **got}
+               for ((rows, cols), dt, impl), got in zip(cases, launches[2::3])]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"softmax-ncu-{device}.json"
+    path.write_text(json.dumps(records, indent=1))
+    for r in records:
+        print(f"{r['impl']:>10} {r['dtype']} {r['rows']}x{r['cols']}: {ncu_line(r)}")
+    print(f"wrote {path}")
+
+
 # ---------------------------------------------------------------- CPU (here)
 
 
@@ -615,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--build", action="store_true", help="compile the GPU kernels here (needs TVM's compiler)")
     mode.add_argument("--run", action="store_true", help="time and check them on the GPU (TVM runtime + torch)")
+    mode.add_argument("--profile", action="store_true", help="Nsight Compute on the GPU kernels (GPU machine, ncu)")
+    mode.add_argument("--profile-launch", action="store_true", help="(what --profile watches)")
     mode.add_argument("--cpu", action="store_true", help="compile, time and check on this CPU")
     mode.add_argument("--plot", metavar="JSON", help="draw the chart of a results file")
     mode.add_argument("--table", metavar="JSON", help="print a results file as a markdown table")
@@ -626,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
         build(BUILD)
     elif args.run:
         run(args.out, args.baseline)
+    elif args.profile:
+        profile(args.out)
+    elif args.profile_launch:
+        profile_launch()
     elif args.cpu:
         run_cpu(args.out)
     elif args.plot:
