@@ -78,7 +78,8 @@ class Case:
         (cp.async from every thread; causal up to 4096 rows with per-warpgroup diagonals); and the rule's TMA
         kernel with 2 computing warpgroups in ping-pong (``p``) or not, with 2 stages, with 2 computing warpgroups
         instead of 3 or 3 instead of 2 (d128: of 64-key tiles), and persistent (``P``) or not, whichever the rule
-        did not pick (persistent: also with one Q buffer; not: without ping-pong). The correctness cases check the
+        did not pick (persistent: also with one Q buffer; not: without ping-pong), and without its peeled last key
+        tile (``TileConfig.peel``). The correctness cases check the
         rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
                                              wgmma_config)
@@ -102,6 +103,7 @@ class Case:
                 other += [replace(chosen, persistent=0, q_bufs=1, pingpong=False), replace(chosen, q_bufs=1)]
             else:
                 other.append(replace(chosen, persistent=SMS["sm_90"]))
+            other.append(replace(chosen, peel=False))  # the last key tile in the loop (``z``)
         return [c for c in other if c != chosen]
 
 
@@ -163,7 +165,7 @@ def build(cases: list[Case] = CASES, lib: Path = LIB, variants: bool = True) -> 
     print(f"built {lib} ({lib.stat().st_size} bytes, {len(funcs)} kernels): {gpu}")
 
 
-def run(out: Path) -> None:
+def run(out: Path, cases: list[Case] = CASES, rounds: int = ROUNDS) -> None:
     import torch
     import torch.nn.functional as F
     import tvm
@@ -236,7 +238,7 @@ def run(out: Path) -> None:
         return start.elapsed_time(end) / reps
 
     records = []
-    for case in CASES:
+    for case in cases:
         base = {"case": case.name, "d": case.head_dim, "seq": case.seq_q, "seq_kv": case.seq_kv, "batch": case.batch,
                 "heads": case.heads, "kv_heads": case.kv_heads, "dtype": case.dtype, "bias": case.bias,
                 "causal": bool(case.causal), "causal_mode": case.causal, "device": device}
@@ -279,7 +281,7 @@ def run(out: Path) -> None:
         # timed after every check, in interleaved rounds of random order (see ROUNDS)
         order = list(timers)
         shuffle = random.Random(0).shuffle
-        for _ in range(ROUNDS if order else 0):
+        for _ in range(rounds if order else 0):
             shuffle(order)
             for i in order:
                 try:
@@ -431,12 +433,18 @@ if __name__ == "__main__":
                     help="time the CPU kernel against TVM's unfused lowering and onnxruntime, here")
     ap.add_argument("--summary", type=Path, help="print the per-shape summary of a --run result file")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--cases", help="--run: only these cases (comma-separated names; a rerun to confirm a close call)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="--run: timing rounds")
     a = ap.parse_args()
     if a.summary:
         summary(json.loads(a.summary.read_text()))
     if a.build:
         build()
     if a.run:
-        run(a.out)
+        names = a.cases.split(",") if a.cases else [c.name for c in CASES]
+        unknown = set(names) - {c.name for c in CASES}
+        if unknown:
+            ap.error(f"unknown cases: {', '.join(sorted(unknown))}")
+        run(a.out, [c for c in CASES if c.name in names], a.rounds)
     if a.cpu:
         cpu(a.out)

@@ -42,7 +42,8 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
   warpgroups of 32-key tiles (d128), +5-10 % for d64; unswizzled, 3 warpgroups of 64-key tiles (d128) ran 17-27 %
   slower, in the next run);
 * FlashAttention-3's in-warpgroup pipeline over a ring of 3 K/V stages: S of tile j+1 is issued, O rescaled
-  under it, P·V of tile j issued; tile j+1's softmax runs while P·V is on the tensor cores;
+  under it, P·V of tile j issued; tile j+1's softmax runs while P·V is on the tensor cores; with TMA the last tile
+  runs after the loop, P·V alone (``peel``);
 * every wgmma is issued and waited on every path (ptxas serialises all of them otherwise), and empty-asm
   register pins keep the compiler from moving register uses across the waits;
 * head dims of 64 and 128 (``tma``): warp-specialised as FlashAttention-3 and cuDNN. One more warpgroup, the
@@ -124,6 +125,10 @@ class TileConfig:
     # loading the next item's tiles under the current item's last tiles and epilogue (0: one CTA per item)
     persistent: int = 0
     q_bufs: int = 1  # persistent: Q buffers (2: the next item's Q loads under the current item's tiles)
+    # TMA: the last key tile of an item runs P·V alone (peeled from the loop, which otherwise issues one more Q·Kᵀ of a
+    # stale stage and drops it: 1 GEMM of 2 * n_kv + 1 wasted, 11 % at 4 key tiles); persistent: Q's buffer released
+    # as soon as the item's last S is in, so that the next item's Q loads under its last softmax, P·V and epilogue
+    peel: bool = True
 
     @property
     def name(self) -> str:
@@ -131,17 +136,18 @@ class TileConfig:
                 f"{f'b{self.min_blocks}' if self.min_blocks else ''}{'p' if self.pingpong else ''}{'' if self.lpt else 'x'}"
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
-                f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}")
+                f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
+                f"{'' if self.peel or not self.tma else 'z'}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
     """The wgmma kernel's shape (see ``choose``). Head dims of 64 and 128: warp-specialised, a TMA producer warpgroup
-    and computing warpgroups of 128-key tiles in a ring of 3 stages, 3 of them (192 query rows) for head_dim 64
-    without a causal mask, else 2. Others (no TMA: their rows do not fill the 128-byte swizzle): 64-key tiles copied
-    by every thread, 4 warpgroups up to head_dim 64, else 3."""
+    and computing warpgroups of 128-key tiles in a ring of 3 stages, 3 of them (192 query rows) for head_dim 64, else
+    2, in ping-pong under a causal mask. Others (no TMA: their rows do not fill the 128-byte swizzle): 64-key tiles
+    copied by every thread, 4 warpgroups up to head_dim 64, else 3."""
     if head_dim % 64 == 0:
-        return TileConfig(warps=12 if head_dim <= 64 and not causal else 8, m_tiles=1, bn=128, stages=3, wgmma=True,
-                          tma=True)
+        return TileConfig(warps=12 if head_dim <= 64 else 8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
+                          pingpong=causal and head_dim > 64)
     return cp_async_wgmma_config(head_dim)
 
 
@@ -182,23 +188,27 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
-    """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) below 4096 rows,
-    causal below 2048: 2 computing warpgroups in ping-pong (FA3's schedule) but for causal head_dim 128, head_dim 64
-    with 2 Q buffers (their 3 stages leave room; d128's would need 2 stages, which lose).
+    """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) without a causal
+    mask, causal below 2048 rows (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q buffers). Below
+    4096 rows, d128 in ping-pong, d64 with 2 Q buffers (3 warpgroups: no ping-pong); from 4096, neither.
 
-    H200, two runs of one build, rounds in random order (2026-12-01 12:2x and 12:4x; same-run ratios), against the
-    same kernel with one CTA per item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %, and +3 % over
-    the mma.sync kernel the rule kept there before); seq 2048 level (0 to +3 %). At seq 8192, where items are long
-    and the static round robin ends less evenly than the hardware's launch order, persistence measured -8 to +2 %.
-    Ping-pong over persistence alone: d64 causal +3-5 %; d128 at seq 512 within the runs' noise (three runs, the
-    third at 15:40: +4 / -1 / -5 % without a mask, -4 / -5 / +6 % causal, so not taken there); 2 Q buffers over 1
-    for d64: +4-7 %. (Runs before these rotated one timing order, which kept the rule's kernel behind cuDNN's and
-    cannot decide close calls.) The grid assumes the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a
-    second wave."""
-    if not cfg.tma or at_least(spec.seq_q, 2048 if spec.causal != "none" else 4096):
+    H200, with the peeled last key tile (``TileConfig.peel``), two runs of one build (2026-12-01 19:2x, 5 rounds, and
+    19:4x, 11 rounds, random order; same-run ratios): at seq 8192 persistence +6-9 % (d64) and +5 % (d128) over one CTA
+    per item (before the peel it had measured -8 to +2 %: the static round robin ends less evenly than the hardware's
+    launch order); causal 8192 -7-10 % (d128), level (d64). Earlier runs (12:2x, 12:4x, 15:40), against one CTA per
+    item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
+    persistence alone: d64 causal +3-5 %; d128 at seq 512 within the runs' noise (the last two: +5 % / -0 % for the
+    other way round), at 2048 +1-7 %; 2 Q buffers over 1 for d64: +4-7 % at seq 512, -1 % at 2048. The grid assumes
+    the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second wave."""
+    causal = spec.causal != "none"
+    if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg
-    pingpong = cfg.warps == 8 and (spec.causal == "none" or spec.head_dim <= 64)
-    return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if spec.head_dim <= 64 else 1, pingpong=pingpong)
+    d64 = spec.head_dim <= 64
+    if at_least(spec.seq_q, 4096):
+        return replace(cfg, persistent=SMS["sm_90"], pingpong=False)
+    if causal:
+        return replace(cfg, persistent=SMS["sm_90"], warps=8, pingpong=d64, q_bufs=2 if d64 else 1)
+    return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if d64 else 1, pingpong=cfg.warps == 8)
 
 
 def choose(spec, wgmma: bool = False) -> TileConfig:
@@ -206,16 +216,17 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
 
     wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count), or a causal mask
     and at least 2048 rows (head dims 64 and 128, with TMA: 512), causal launched in L2 sections (``lpt_section``),
-    the TMA kernel persistent below 4096 rows, causal below 2048 (``persistent_launch``).
+    the TMA kernel persistent, causal below 2048 rows (``persistent_launch``).
     - Head dims of 64 and 128 (``wgmma_config``): the TMA kernel, computing warpgroups of 128-key tiles in 3
       stages. H200, same run (2026-12-01 09:33), against the cp.async kernel below: d128 +16-19 % at seq 8192,
       +11-14 % at 2048, +3-6 % at 512; d64 +12-33 % at 8192, +6-20 % at 2048, -3 % at 512 without a mask (an earlier
       run, 2 computing warpgroups for d64 too: +6-14 % at seq >= 2048). d128 causal at seq 512: +6-20 % over
       mma.sync in two runs (d64 there: -10-13 %, until the persistent kernel: +3 %). d64 without a mask: 3 computing warpgroups
-      +14-20 % over 2 at seq >= 2048 in two runs (their 160 registers hold 128-key tiles of d64; causal, 3 lose
-      5-25 %). 2 stages ran 13-32 % slower. The 2 warpgroups' ping-pong (``pingpong``) without persistence measured
-      -6 to +17 % across shapes and three runs (not taken; those runs timed the rule's kernel right after cuDNN's,
-      see benchmarks/attention.py's ROUNDS).
+      +14-20 % over 2 at seq >= 2048 in two runs (their 160 registers hold 128-key tiles of d64). 2 stages ran 13-32 %
+      slower. Causal, from 2048 rows, since the peeled last key tile (``TileConfig.peel``; two runs, 2026-12-01 19:2x
+      and 19:4x): d64 in 3 computing warpgroups, +8 % at seq 2048 and +13 % at 8192 over 2 (before the peel, 3 lost
+      5-25 %); d128's 2 in ping-pong (``pingpong``), +2-3 % at 2048 and +2-5 % at 8192 (before: -6 to +17 % across
+      shapes and three runs, not taken).
     - Other head dims, the cp.async kernel (``cp_async_wgmma_config``): up to 4096 rows each warpgroup also stops
       at its own diagonal (``group_diag``; H200, two runs: +2-6 % at seq 2048; at 8192, where the diagonal is a
       smaller share, -2 % for d64 and -4 % / +1 % for d128, one warpgroup issuing all copies). 64-key tiles. 4
@@ -262,6 +273,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     SW = WG and cfg.swizzle and D % 64 == 0  # wgmma's 128-byte swizzled layout (rows of 64 elements)
     PC, QB = cfg.persistent, cfg.q_bufs  # persistent CTAs (0: one per work item), Q buffers
     PS = PC > 0
+    PEEL = WS and cfg.peel  # (see TileConfig.peel)
     Q_OFF, K_OFF = 0, QB * BM * RS  # in one shared buffer (elements): Q buffers, K stages, V stages
     V_OFF = K_OFF + stages * BN * RS
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows (not persistent)
@@ -620,9 +632,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                         load_rows(smem, K_OFF + (j + 2) % stages * (BN * RS), k, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
                         load_rows(smem, V_OFF + (j + 2) % stages * (BN * RS), v, b, (j + 2) * BN, skv, hk, BN, ctx, cnt)
                 T.ptx.cp.async_.commit_group()
-            # The wgmma are issued and waited on every path (after the last tile, S of a stale stage is computed and
-            # dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the in-flight groups
-            # per path and serialises every wgmma of the kernel if a branch leaves it unsure
+            # The wgmma are issued and waited on every path (without ``PEEL``, after the last tile, S of a stale stage
+            # is computed and dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the
+            # in-flight groups per path and serialises every wgmma of the kernel if a branch leaves it unsure
             my_turn()  # ping-pong (FA3): both GEMMs issued in this warpgroup's turn, its softmax under the other's
             qk_wgmma(nxt[0] * (BN * RS))
             rescale_o()
@@ -630,6 +642,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             your_turn()
             T.ptx["wgmma.wait_group.sync.aligned"](1)  # groups retire in order: S is in, P·V may run on
             pin(sacc, NS * 4, "float")
+            if PEEL and PS:
+                if j + 2 == n_kv:  # the item's last S is in: Q's buffer may take the next item's
+                    release_q()
             if j + 1 < n_kv:
                 scores(j + 1, n_plain)
             T.ptx["wgmma.wait_group.sync.aligned"](0)
@@ -640,6 +655,25 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                     T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + cur[0]))
             if j + 1 < n_kv:
                 to_p()
+
+        @T.inline
+        def last_tile(j):
+            """Key tile j, the item's last (``PEEL``): O rescaled and P·V, no next S to issue."""
+            cur = T.meta_var(ring(kv0 + j, stages))
+            my_turn()
+            rescale_o()
+            pv_wgmma(cur[0] * (BN * RS))
+            your_turn()
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            pin(oacc, ND * 4, "float")
+            pin(pw, NS * 2, "uint")
+            if lane == 0:
+                T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + cur[0]))
+
+        @T.inline
+        def release_q():  # persistent: this warp is done with the item's Q buffer
+            if lane == 0:
+                T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, Q_EMPTY + ring(qi, QB)[0]))
 
         @T.inline
         def qk(stage):
@@ -799,12 +833,17 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 qk_wgmma(ring(kv0, stages)[0] * (BN * RS))
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
                 pin(sacc, NS * 4, "float")
+                if PEEL and PS:
+                    if n_kv == 1:
+                        release_q()
                 softmax(0, True)
                 to_p()
                 n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
                 mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)
-                for j in T.serial(mine):
+                for j in T.serial(mine - PEEL):
                     tile_wgmma(j, n_plain)
+                if PEEL:
+                    last_tile(n_kv - 1)
                 if per_group:
                     if mine < n_kv:  # its copies are in, and its last P·V has read its stage
                         arrived(0, mine)
@@ -906,8 +945,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                         set_work(it)
                         init_acc()
                         compute()
-                        if lane == 0:  # Q's buffer released
-                            T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, Q_EMPTY + ring(qi, QB)[0]))
+                        if not PEEL:
+                            release_q()
                         store_o()
                         fills[0] = fills[0] + n_kv
                     last_turn()

@@ -260,6 +260,14 @@ TILE_CONFIGS = {
     "wgmma-tma-persistent-causal-2q": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True, persistent=4,
                                             q_bufs=2, pingpong=True, lpt_heads=2),
                                        (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
+    # ... persistent, causal, 128-key tiles: items of 1-4 key tiles (the first query tile's one tile both the first
+    # and the last, Q released right after its S), 1 Q buffer; and the loop without the peeled last tile
+    "wgmma-tma-persistent-causal-1-tile-items": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
+                                                      persistent=3, lpt_heads=2),
+                                                 (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
+    "wgmma-tma-persistent-unpeeled": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True, persistent=3,
+                                           peel=False),
+                                      (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -357,7 +365,7 @@ def test_cuda_tma_kernel_symbolic_lengths():
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
     spec = AttentionSpec(b, s, s, 16, 4, 64, 64, "float16", 0.125, "TopLeft", None, None)
     target = targets.resolve("cuda-sm90").target
-    func = kernel(spec, target)  # (the rule's for an unknown length: one CTA per item)
+    func = kernel(spec, target)  # (the rule's for an unknown length, causal: one CTA per item)
     persistent = flash_mma(spec, replace(choose(spec, wgmma=True), persistent=132, q_bufs=2))
     for f in (func, persistent):
         source = cuda_emu.cuda_source(f, target)
@@ -366,10 +374,10 @@ def test_cuda_tma_kernel_symbolic_lengths():
 
 def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
-    sections): head dims 64 and 128 on the TMA kernel (2 computing warpgroups of 128-key tiles, 3 stages; 3 for d64
-    without a mask; persistent, 132 CTAs, below 4096 rows, causal below 2048, 2 computing warpgroups then in
-    ping-pong, but d128 causal; d64 with 2 Q buffers), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles);
-    else mma.sync."""
+    sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
+    d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
+    ping-pong for d64 with 2 Q buffers; without a mask below 4096 rows d128 in ping-pong, d64 with 2 Q buffers), others
+    on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -379,17 +387,18 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
     assert choose(spec(1024, 64, "TopLeft"), wgmma=True).tma and not choose(spec(256, 64), wgmma=True).wgmma
     assert not choose(spec(1024, 96, "TopLeft"), wgmma=True).wgmma and choose(spec(512, 128, "TopLeft"), wgmma=True).tma
-    for seq, d, causal in ((512, 64, "none"), (512, 128, "none"), (2048, 128, "none"), (8192, 128, "none"),
-                           (512, 64, "TopLeft"), (512, 128, "TopLeft"), (2048, 128, "TopLeft"), (8192, 64, "TopLeft")):
+    # (seq, d, causal): computing warps, persistent CTAs, Q buffers, ping-pong
+    expected = {(512, 64, "none"): (12, 132, 2, False), (512, 128, "none"): (8, 132, 1, True),
+                (2048, 128, "none"): (8, 132, 1, True), (8192, 128, "none"): (8, 132, 1, False),
+                (8192, 64, "none"): (12, 132, 1, False), (512, 64, "TopLeft"): (8, 132, 2, True),
+                (512, 128, "TopLeft"): (8, 132, 1, False), (2048, 128, "TopLeft"): (8, 0, 1, True),
+                (2048, 64, "TopLeft"): (12, 0, 1, False), (8192, 64, "TopLeft"): (12, 0, 1, False)}
+    for (seq, d, causal), want in expected.items():
         cfg = choose(spec(seq, d, causal), wgmma=True)
-        warps = 12 if d == 64 and causal == "none" else 8  # d64 without a mask: 3 computing warpgroups
-        assert (cfg.tma, cfg.warps, cfg.bn, cfg.stages, cfg.group_diag) == (True, warps, 128, 3, False), (seq, d, causal, cfg)
-        persistent = seq < (4096 if causal == "none" else 2048)  # (2 computing warpgroups: in ping-pong, but d128 causal)
-        pingpong = warps == 8 and (causal == "none" or d == 64)
-        expect = (132, 2 if d == 64 else 1, pingpong) if persistent else (0, 1, False)
-        assert (cfg.persistent, cfg.q_bufs, cfg.pingpong) == expect, (seq, d, causal, cfg)
-    symbolic = tvm.tirx.Var("s", "int64")
-    assert not choose(spec(symbolic, 128), wgmma=True).persistent  # (an unknown length counts as long)
+        assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, 3, False, True), (seq, d, causal, cfg)
+        assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong) == want, (seq, d, causal, cfg)
+    symbolic = tvm.tirx.Var("s", "int64")  # (an unknown length counts as long)
+    assert choose(spec(symbolic, 128), wgmma=True).persistent and not choose(spec(symbolic, 128, "TopLeft"), wgmma=True).persistent
     for seq, d, causal in ((512, 32, "none"), (2048, 96, "TopLeft")):
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.wgmma, cfg.tma, cfg.warps, cfg.bn) == (True, False, 16 if d <= 64 else 12, 64), (seq, d, causal, cfg)
