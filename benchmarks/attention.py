@@ -165,7 +165,10 @@ def build(cases: list[Case] = CASES, lib: Path = LIB, variants: bool = True) -> 
     print(f"built {lib} ({lib.stat().st_size} bytes, {len(funcs)} kernels): {gpu}")
 
 
-def run(out: Path, cases: list[Case] = CASES, rounds: int = ROUNDS) -> None:
+def run(out: Path, cases: list[Case] = CASES, rounds: int = ROUNDS, build_dir: Path = BUILD,
+        baselines: list[Path] = ()) -> None:
+    """Check and time every case's kernels of ``build_dir`` (and, A/B of a change, the rule's kernel of each
+    ``baselines`` build, recorded as variant "baseline:<folder>") beside torch's backends."""
     import torch
     import torch.nn.functional as F
     import tvm
@@ -174,8 +177,9 @@ def run(out: Path, cases: list[Case] = CASES, rounds: int = ROUNDS) -> None:
     from compiler.runtime import load_cuda_runtime
 
     load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
-    lib = tvm.runtime.load_module(str(LIB))
-    kernels = json.loads((BUILD / "kernels.json").read_text())["kernels"]
+    lib = tvm.runtime.load_module(str(build_dir / LIB.name))
+    kernels = json.loads((build_dir / "kernels.json").read_text())["kernels"]
+    others = {f"baseline:{d.name}": tvm.runtime.load_module(str(d / LIB.name)) for d in baselines}
     dev = tvm.cuda(0)
     device = torch.cuda.get_device_name(0)
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -248,20 +252,23 @@ def run(out: Path, cases: list[Case] = CASES, rounds: int = ROUNDS) -> None:
         first = len(records)
         timers = {}  # record -> a function that times it once (ms)
         t = None
-        for kernel in [case.name] + [n for n in kernels if n.startswith(case.name + "__")]:
-            variant = {"variant": kernel.split("__")[1]} if "__" in kernel else {}
+        runs = [(lib, k, {"variant": k.split("__")[1]} if "__" in k else {})
+                for k in [case.name] + [n for n in kernels if n.startswith(case.name + "__")]]
+        runs += [(other, case.name, {"variant": name}) for name, other in others.items()]
+        for klib, kernel, variant in runs:
             try:
                 if t is None:
                     t = inputs(case)
                     torch.cuda.synchronize()  # TVM launches on its own stream
                 o = torch.full_like(t["q"], math.nan)
                 args = [tvm.runtime.from_dlpack(x) for x in [t[n] for n in ("q", "k", "v", "bias") if n in t] + [o]]
-                lib[kernel](*args)
+                klib[kernel](*args)
                 torch.cuda.synchronize()
                 err = error(o[:batch, :, heads], reference(case, t, heads, batch))
                 records.append({**base, "impl": "tvmpipe", **variant, "max_rel_err": err, "correct": err <= TOL[case.dtype]})
                 if case.bench or case.splits:
-                    timers[len(records) - 1] = lambda k=kernel, a=args: 1e3 * lib.time_evaluator(k, dev, number=reps, repeat=2)(*a).results[-1]
+                    timers[len(records) - 1] = lambda m=klib, k=kernel, a=args: 1e3 * m.time_evaluator(
+                        k, dev, number=reps, repeat=2)(*a).results[-1]
             except Exception as err:  # one failing case must not stop the others
                 records.append({**base, "impl": "tvmpipe", **variant, "error": f"{type(err).__name__}: {err}",
                                 "traceback": traceback.format_exc(limit=4)})
@@ -433,18 +440,23 @@ if __name__ == "__main__":
                     help="time the CPU kernel against TVM's unfused lowering and onnxruntime, here")
     ap.add_argument("--summary", type=Path, help="print the per-shape summary of a --run result file")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    ap.add_argument("--cases", help="--run: only these cases (comma-separated names; a rerun to confirm a close call)")
+    ap.add_argument("--cases", help="--build / --run: only these cases (comma-separated names)")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="--run: timing rounds")
+    ap.add_argument("--dir", type=Path, default=BUILD, help="--build / --run: the library's folder")
+    ap.add_argument("--rule-only", action="store_true", help="--build: the rule's kernels, no other tile configurations")
+    ap.add_argument("--baseline", type=Path, nargs="+", default=[],
+                    help="--run: also time the rule's kernels of these other --build folders (A/B of a change)")
     a = ap.parse_args()
+    names = a.cases.split(",") if a.cases else [c.name for c in CASES]
+    unknown = set(names) - {c.name for c in CASES}
+    if unknown:
+        ap.error(f"unknown cases: {', '.join(sorted(unknown))}")
+    cases = [c for c in CASES if c.name in names]
     if a.summary:
         summary(json.loads(a.summary.read_text()))
     if a.build:
-        build()
+        build(cases, a.dir / LIB.name, variants=not a.rule_only)
     if a.run:
-        names = a.cases.split(",") if a.cases else [c.name for c in CASES]
-        unknown = set(names) - {c.name for c in CASES}
-        if unknown:
-            ap.error(f"unknown cases: {', '.join(sorted(unknown))}")
-        run(a.out, [c for c in CASES if c.name in names], a.rounds)
+        run(a.out, cases, a.rounds, a.dir, a.baseline)
     if a.cpu:
         cpu(a.out)
