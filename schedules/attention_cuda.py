@@ -176,14 +176,6 @@ def lpt_section(spec) -> int:
     return (1 << fit.bit_length() - 1 if fit else 1) * spec.group
 
 
-def tree(op, values: list):
-    """``op`` folded over ``values`` as a balanced tree: a row's max or sum over its scores in log2(n) dependent steps
-    instead of n (the chain of 32 dependent instructions per row and tile that the softmax had between the GEMMs)."""
-    while len(values) > 1:
-        values = [op(*values[k:k + 2]) if k + 1 < len(values) else values[k] for k in range(0, len(values), 2)]
-    return values[0]
-
-
 def at_least(n, rows: int) -> bool:
     """Whether a length is at least ``rows`` (a symbolic length counts as long)."""
     return not isinstance(n, int) or n >= rows
@@ -723,7 +715,10 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             for mt in T.unroll(MT):
                 for r in T.unroll(2):
                     i = T.meta_var(mt * 2 + r)
-                    mx[i] = tree(T.max, [sacc[(mt * NS + n) * 4 + r * 2 + e] for n in range(NS) for e in range(2)])
+                    mx[i] = neg_inf
+                    for n in T.unroll(NS):
+                        for e in T.unroll(2):
+                            mx[i] = T.max(mx[i], sacc[(mt * NS + n) * 4 + r * 2 + e])
                     mx[i] = T.max(mx[i], shfl(mx[i], 1))
                     mx[i] = T.max(mx[i], shfl(mx[i], 2))
                     if fold:
@@ -738,11 +733,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                             rescale_row(mt, r)
                         lsum[i] = lsum[i] * al[i]
                     m[i] = mx[i]
+                    rs[i] = T.float32(0)
                     for n in T.unroll(NS):
                         for e in T.unroll(2):
                             x = T.meta_var(sacc[(mt * NS + n) * 4 + r * 2 + e])
                             sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
-                    rs[i] = tree(T.Add, [sacc[(mt * NS + n) * 4 + r * 2 + e] for n in range(NS) for e in range(2)])
+                            rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
                     lsum[i] = lsum[i] + rs[i]
             if not WG:  # wgmma: P·V of the previous tile may still read pf; to_p converts later
                 to_p()
