@@ -6,6 +6,9 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
     python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering and onnxruntime
     python3 benchmarks/attention.py --summary FILE     # per shape: rule's choice, best tile config, torch (from --run's JSON)
 
+A/B of a kernel change: ``--build --rule-only --cases ... --dir build/gpu/attention-new`` with the change, then
+``--run --dir build/gpu/attention-new --baseline build/gpu/attention`` (the baseline's rule kernels as variants).
+
 ``--build`` compiles every kernel below (static shapes, sm_90a, cubin + PTX via NVRTC) into ONE library:
 the kernel our schedule rule picks (impl "tvmpipe"), plus, for the benchmark shapes, the other tile
 configurations of the tensor-core kernel (records with a "variant"), so one GPU run can tell which
