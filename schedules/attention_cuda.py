@@ -198,7 +198,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     launch order); causal 8192 -7-10 % (d128), level (d64). Earlier runs (12:2x, 12:4x, 15:40), against one CTA per
     item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
     persistence alone: d64 causal +3-5 %; d128 at seq 512 within the runs' noise (the last two: +5 % / -0 % for the
-    other way round), at 2048 +1-7 %; 2 Q buffers over 1 for d64: +4-7 % at seq 512, -1 % at 2048. The grid assumes
+    other way round), at 2048 +1-7 %; 2 Q buffers over 1 for d64: +3-7 % at seq 512, -1-2 % at 2048. The grid assumes
     the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second wave."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
