@@ -54,10 +54,14 @@ def ncu_profile(kernels: str, argv: list[str]) -> list[dict]:
     for row in csv.DictReader(io.StringIO(text)):
         launches.setdefault(row["ID"], {"kernel": row["Kernel Name"][:120]})[row["Metric Name"]] = row["Metric Value"]
     return [{"kernel": got["kernel"], **{key: _number(got[name]) for key, name in NCU_METRICS if name in got},
-             "stalls": dict(sorted(((name[len(_STALLS):].split("_per_issue")[0], _number(value))
-                                    for name, value in got.items() if name.startswith(_STALLS) and _number(value) > 0.05),
-                                   key=lambda kv: -kv[1]))}
-            for got in launches.values()]
+             "stalls": _stalls(got)} for got in launches.values()]
+
+
+def _stalls(metrics: dict[str, str]) -> dict[str, float]:
+    """Warp stall reason -> cycles per issued instruction, those over 0.05, largest first."""
+    stalls = {name[len(_STALLS):].split("_per_issue")[0]: _number(value)
+              for name, value in metrics.items() if name.startswith(_STALLS)}
+    return dict(sorted(((k, v) for k, v in stalls.items() if v > 0.05), key=lambda kv: -kv[1]))
 
 
 def ncu_line(r: dict) -> str:

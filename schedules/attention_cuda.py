@@ -203,12 +203,12 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg
-    d64 = spec.head_dim <= 64
+    d64, cfg = spec.head_dim <= 64, replace(cfg, persistent=SMS["sm_90"])
     if at_least(spec.seq_q, 4096):
-        return replace(cfg, persistent=SMS["sm_90"], pingpong=False)
+        return replace(cfg, pingpong=False)
     if causal:
-        return replace(cfg, persistent=SMS["sm_90"], warps=8, pingpong=d64, q_bufs=2 if d64 else 1)
-    return replace(cfg, persistent=SMS["sm_90"], q_bufs=2 if d64 else 1, pingpong=cfg.warps == 8)
+        return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1)
+    return replace(cfg, q_bufs=2 if d64 else 1, pingpong=cfg.warps == 8)
 
 
 def choose(spec, wgmma: bool = False) -> TileConfig:
@@ -651,8 +651,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             if WS:  # this warp's P·V of tile j is done: its stage may be refilled
-                if lane == 0:
-                    T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + cur[0]))
+                release_stage(cur[0])
             if j + 1 < n_kv:
                 to_p()
 
@@ -667,8 +666,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
+            release_stage(cur[0])
+
+        @T.inline
+        def release_stage(s):  # TMA: this warp is done with K/V stage s
             if lane == 0:
-                T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + cur[0]))
+                T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + s))
 
         @T.inline
         def release_q():  # persistent: this warp is done with the item's Q buffer
@@ -843,7 +846,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 for j in T.serial(mine - PEEL):
                     tile_wgmma(j, n_plain)
                 if PEEL:
-                    last_tile(n_kv - 1)
+                    last_tile(mine - 1)
                 if per_group:
                     if mine < n_kv:  # its copies are in, and its last P·V has read its stage
                         arrived(0, mine)
