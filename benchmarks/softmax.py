@@ -634,8 +634,9 @@ def table(path: Path) -> str:
 def few_rows_table(path: Path) -> str:
     """Markdown table of FEW_ROWS_SHAPES in a variants file: microseconds of the rule's plan (marked *) and of each
     of FEW_ROWS_LAYOUTS timed beside it, told apart by chunk count ("-": not timed, the same count as a column to its
-    left, or more blocks than SMs)."""
-    records = [r for r in json.loads(Path(path).read_text()) if (r["rows"], r["cols"]) in FEW_ROWS_SHAPES]
+    left, or more blocks than SMs); another build's kernels (``--baseline``) left out."""
+    records = [r for r in json.loads(Path(path).read_text())
+               if (r["rows"], r["cols"]) in FEW_ROWS_SHAPES and r["impl"] != "tvmpipe-baseline"]
     rows = [f"| rows x cols | dtype | {' us | '.join(FEW_ROWS_LAYOUTS)} us | torch us |",
             "|" + "---|" * (len(FEW_ROWS_LAYOUTS) + 3)]
     for r, c, dt in dict.fromkeys((x["rows"], x["cols"], x["dtype"]) for x in records):

@@ -189,17 +189,17 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) without a causal
-    mask, causal below 2048 rows (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q buffers). Below
-    4096 rows, d128 in ping-pong, d64 with 2 Q buffers (3 warpgroups: no ping-pong); from 4096, neither.
+    mask, causal below 2048 rows (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q buffers). Without
+    a mask, d128 in ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers below 2048 (3 warpgroups: no ping-pong).
 
     H200, with the peeled last key tile (``TileConfig.peel``), two runs of one build (2026-12-01 19:2x, 5 rounds, and
     19:4x, 11 rounds, random order; same-run ratios): at seq 8192 persistence +6-9 % (d64) and +5 % (d128) over one CTA
     per item (before the peel it had measured -8 to +2 %: the static round robin ends less evenly than the hardware's
     launch order); causal 8192 -7-10 % (d128), level (d64). Earlier runs (12:2x, 12:4x, 15:40), against one CTA per
     item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
-    persistence alone: d64 causal +3-5 %; d128 at seq 512 within the runs' noise (the last two: +5 % / -0 % for the
-    other way round), at 2048 +1-7 %; 2 Q buffers over 1 for d64: +3-7 % at seq 512, -1-2 % at 2048. The grid assumes
-    the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second wave."""
+    persistence alone: d64 causal +3-5 %; d128 at 2048 +1-7 %, at 512 -5, 0, -3, -2 and -1 % in five runs (up
+    to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in four runs
+    (1 there). The grid assumes the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second wave."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg
@@ -208,7 +208,8 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
         return replace(cfg, pingpong=False)
     if causal:
         return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1)
-    return replace(cfg, q_bufs=2 if d64 else 1, pingpong=cfg.warps == 8)
+    long = at_least(spec.seq_q, 2048)
+    return replace(cfg, q_bufs=2 if d64 and not long else 1, pingpong=cfg.warps == 8 and long)
 
 
 def choose(spec, wgmma: bool = False) -> TileConfig:

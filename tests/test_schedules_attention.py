@@ -376,7 +376,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
     d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
-    ping-pong for d64 with 2 Q buffers; without a mask below 4096 rows d128 in ping-pong, d64 with 2 Q buffers), others
+    ping-pong for d64 with 2 Q buffers; without a mask d128 in ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers
+    below 2048), others
     on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
@@ -388,8 +389,9 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     assert choose(spec(1024, 64, "TopLeft"), wgmma=True).tma and not choose(spec(256, 64), wgmma=True).wgmma
     assert not choose(spec(1024, 96, "TopLeft"), wgmma=True).wgmma and choose(spec(512, 128, "TopLeft"), wgmma=True).tma
     # (seq, d, causal): computing warps, persistent CTAs, Q buffers, ping-pong
-    expected = {(512, 64, "none"): (12, 132, 2, False), (512, 128, "none"): (8, 132, 1, True),
-                (2048, 128, "none"): (8, 132, 1, True), (8192, 128, "none"): (8, 132, 1, False),
+    expected = {(512, 64, "none"): (12, 132, 2, False), (512, 128, "none"): (8, 132, 1, False),
+                (2048, 64, "none"): (12, 132, 1, False), (2048, 128, "none"): (8, 132, 1, True),
+                (4096, 128, "none"): (8, 132, 1, False), (8192, 128, "none"): (8, 132, 1, False),
                 (8192, 64, "none"): (12, 132, 1, False), (512, 64, "TopLeft"): (8, 132, 2, True),
                 (512, 128, "TopLeft"): (8, 132, 1, False), (2048, 128, "TopLeft"): (8, 0, 1, True),
                 (2048, 64, "TopLeft"): (12, 0, 1, False), (8192, 64, "TopLeft"): (12, 0, 1, False)}

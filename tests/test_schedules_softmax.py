@@ -164,11 +164,14 @@ def test_cuda_stream_plan_choice():
     "rows, cols, dtype, regime",
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 1024, "bfloat16", "warp"),
      (4096, 4096, "float32", "block"), (512, 4096, "bfloat16", "block"),
-     (1024, 16384, "float16", "block"), (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
+     (1024, 16384, "float16", "block"), (128, 131072, "float16", "block"), (1024, 32768, "float16", "block"),
+     (16, 1 << 20, "float32", "split"),
+     (64, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
     """Compile for sm_90 and read the CUDA source: one kernel, 128-bit accesses, shuffles, the bare ex2 for every
-    exponential, no division per element, the warp kernel's one read of the input."""
+    exponential, no division per element, the warp kernel's one read of the input; the block kernel's pass 1 without
+    a block barrier, the exponentials of a streamed 2-byte row in one wave of blocks kept in shared memory."""
     plan = S.cuda_plan(rows, cols, dtype, "sm_90")
     assert (plan.chunks > 1, plan.lanes <= 32) == (regime == "split", regime == "warp")
     src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, CUDA).mod.imports[0].inspect_source()
@@ -179,6 +182,13 @@ def test_cuda_source_structure(rows, cols, dtype, regime):
     assert "tvmpipe_ex2(" in src and "exp2f(" not in src and "expf(" not in src
     if regime != "warp":  # (the warp kernel's per-element 1 / sum reads a register: nvcc computes it once)
         assert src.count("/*1.000000e+00*/ /") == 1  # 1 / sum once per thread, not per element
+        body = src[src.rindex("__global__"):]
+        # the first barrier is the block reduction's (TVM put one before the exponentials' store into shared memory
+        # while it was visible to it: -22 % at 1024 x 32768 float16)
+        assert body.index("__shfl_xor_sync(") < body.index("__syncthreads()")
+        kept = plan.cache == "l2" and plan.cached > 0 and plan.kept_exp and dtype != "float32"
+        assert ("tvmpipe_copy16(" in body) == kept
+        assert plan.cache != "l2" or plan.kept_exp == (rows * plan.chunks <= 132)  # (streamed: one wave of blocks)
     vector = "float4" if dtype == "float32" else "uint4"
     x, y = ("x", "y") if regime == "warp" else ("xf", "yf")  # (the block kernel's flat views)
     assert f"*({vector}*)({x}_ptr" in src and f"*({vector}*)({y}_ptr" in src
