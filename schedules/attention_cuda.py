@@ -198,8 +198,9 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     launch order); causal 8192 -7-10 % (d128), level (d64). Earlier runs (12:2x, 12:4x, 15:40), against one CTA per
     item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
     persistence alone: d64 causal +3-5 %; d128 at 2048 +1-7 %, at 512 -5, 0, -3, -2 and -1 % in five runs (up
-    to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in four runs
-    (1 there). The grid assumes the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second wave."""
+    to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in
+    four runs (1 there). The grid assumes the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second
+    wave."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg

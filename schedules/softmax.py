@@ -167,17 +167,17 @@ def _stream_plan(blocks: int, touched: int, vec: int, sms: int, chunks: int = 1)
     def on_chip(lanes: int) -> bool:  # the part fits the block's shared memory cache + one step in registers
         return touched <= _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // 16 + lanes * _STREAM_VECTORS
 
-    wide = blocks <= sms or (not on_chip(_STREAM_LANES) and on_chip(2 * _STREAM_LANES))
     # (kept exponentials pay where all blocks reach pass 2 together, with no other block's loads to hide it under:
     # one wave. H200, same runs: 128 x 131072 / 16 x 1M float16 +1-3 % / +6 %, 1024 x 32768 -1 % (8 waves))
-    kept = blocks <= sms
+    one_wave = blocks <= sms
+    wide = one_wave or (not on_chip(_STREAM_LANES) and on_chip(2 * _STREAM_LANES))
     lanes = min(2 * _STREAM_LANES if wide else _STREAM_LANES, max(64, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32))
     step = lanes * _STREAM_VECTORS  # vectors a block reads per step
     if touched <= step:
-        return CudaPlan(lanes, vec, _STREAM_VECTORS, chunks=chunks, kept_exp=kept)
+        return CudaPlan(lanes, vec, _STREAM_VECTORS, chunks=chunks, kept_exp=one_wave)
     # (the last step stays in registers)
     cached = min(_ceil(touched, step) - 1, _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // (step * 16))
-    return CudaPlan(lanes, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=cached, kept_exp=kept)
+    return CudaPlan(lanes, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=cached, kept_exp=one_wave)
 
 
 def _schedule(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:

@@ -435,14 +435,13 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                 xv[u, v] = keep[i, u, tx, v]
                 elif ti > 0:  # (the chunk's last step is still in registers from pass 1)
                     move(xv, xf, r, it, tx, True)
-                if kept16:
-                    if tirx.any(i < C, ti == 0):  # its exponentials kept: in shared memory, or the last step's
-                        st[2] = scale(step_max(ms, st, i), st)
-                        for u in T.unroll(U):
-                            for v in T.unroll(V):
-                                xv[u, v] = T.Cast(dtype, T.Cast(f32, xv[u, v]) * st[2])
-                    else:
-                        normalize(xv, st)
+                # (kept16: its exponentials kept, in shared memory or, the last step's, in registers)
+                kept = T.meta_var(tirx.any(i < C, ti == 0) if kept16 else False)
+                if kept:
+                    st[2] = scale(step_max(ms, st, i), st)
+                    for u in T.unroll(U):
+                        for v in T.unroll(V):
+                            xv[u, v] = T.Cast(dtype, T.Cast(f32, xv[u, v]) * st[2])
                 else:
                     normalize(xv, st)
                 move(xv, yf, r, it, tx, False)

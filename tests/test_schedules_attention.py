@@ -377,8 +377,7 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
     d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
     ping-pong for d64 with 2 Q buffers; without a mask d128 in ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers
-    below 2048), others
-    on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
+    below 2048), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 

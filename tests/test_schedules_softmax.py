@@ -165,8 +165,7 @@ def test_cuda_stream_plan_choice():
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 1024, "bfloat16", "warp"),
      (4096, 4096, "float32", "block"), (512, 4096, "bfloat16", "block"),
      (1024, 16384, "float16", "block"), (128, 131072, "float16", "block"), (1024, 32768, "float16", "block"),
-     (16, 1 << 20, "float32", "split"),
-     (64, 131072, "float16", "split")],
+     (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
     """Compile for sm_90 and read the CUDA source: one kernel, 128-bit accesses, shuffles, the bare ex2 for every
