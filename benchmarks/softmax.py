@@ -13,8 +13,8 @@ Chart / table of a result:  python3 benchmarks/softmax.py --plot (or --table) be
 
 ``tbps`` counts one read and one write of the tensor; ``copy_tbps`` is a copy of the same bytes timed in the
 same run. Every timed output is checked against float64 (``max_err``, ``ok``), so a fast wrong kernel shows.
-On the GPU each implementation is timed in ``ROUNDS`` rounds interleaved with the others in a rotating order
-(the median round kept, all in ``ms_rounds``); ``--baseline`` adds another build's kernels (A/B of a change).
+On the GPU each implementation is timed in ``ROUNDS`` rounds interleaved with the others, each round in a random
+order (the median round kept, all in ``ms_rounds``); ``--baseline`` adds another build's kernels (A/B of a change).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import re
 import statistics
 import sys
@@ -67,6 +68,19 @@ VARIANTS = [
     # the other block size: two 512-thread blocks per SM (float32: 73 KB of each row from L2), one of 1024 threads
     (4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
     (4096, 50257, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 1}),
+    # more of the row in registers (reg_steps): 1024 threads with 2 steps; 512 threads (128 registers each) with 4-7
+    # steps and all of the shared memory (7 steps of 32 KB); the same for the split's 8 chunks of 1M-rows
+    (128, 131072, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3, "reg_steps": 2}),
+    *[(128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 7, "reg_steps": r})
+      for r in (4, 6, 7)],
+    (16, 1 << 20, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 8, "cached": 3,
+                              "reg_steps": 2}),
+    *[(16, 1 << 20, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 8, "cached": 7,
+                                "reg_steps": r}) for r in (4, 6, 7)],
+    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 7}),
+    (16, 1 << 20, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 8, "cached": 7}),
+    *[(4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3, "reg_steps": r})
+      for r in (2, 3)],
 ]
 # Few long rows (a language model's next-token softmax over its vocabulary, batch 1 or 8; and one row of 32-64 KB,
 # which the rule leaves to one block): timed like GPU_SHAPES, beside one block per row and the split into other chunk
@@ -77,7 +91,12 @@ FEW_ROWS_LAYOUTS = ("one block per row", "64 KB chunks", "16 KB chunks", "a bloc
 # Checked on the GPU only: a split whose blocks cannot all be resident (384 of 1024 threads), so that the first ones
 # wait in vain and take the fallback (each reads its whole row).
 OVERSUBSCRIBED = (16, 1 << 20, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 24})
-ROUNDS = 5  # GPU timing: rounds per implementation, interleaved (see run)
+# GPU timing: rounds per implementation, interleaved, each round in its own (seeded) random order, the median round
+# kept. Rounds that rotated one order alternated between two speeds by an implementation's place in the order (its
+# parity; not the flush buffer's allocation, tried), so a 5-round median of identical kernels was off by up to 6 %
+# at the few-microsecond shapes. A random order breaks that tie to the place, and an even count of rounds takes the
+# mean of the middle two.
+ROUNDS = 8
 # Normwise tolerance of a timed output: max |y - ref| / max |ref|.
 BENCH_TOL = {"float32": 2e-5, "float16": 2e-3}
 # The seed's kernel, verbatim: one block per row, one thread per column, O(cols^2) work per row.
@@ -352,6 +371,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
     tdt = {"float32": torch.float32, "float16": torch.float16}
     impl_names = {"variant": "tvmpipe-variant", "baseline": "tvmpipe-baseline"}
     records, variants, checks = [], [], []
+    shuffle = random.Random(0).shuffle
     with tvm_ffi.use_torch_stream():
         for rows, cols in GPU_SHAPES + FEW_ROWS_SHAPES:
             for dt in DTYPES:
@@ -377,12 +397,14 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
                     err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
                     shape_records.append({"impl": impl_names.get(impl, impl), **base, "max_err": err,
                                           "ok": err <= BENCH_TOL[dt], "schedule": schedule, **extra})
-                # then timed in rotated, interleaved rounds with the copy: no implementation is always timed first
-                # (the H200's clock falls under sustained load), each round's median kept in ms_rounds
+                # then timed with the copy in interleaved rounds, each in its own random order (see ROUNDS), each
+                # round's median kept in ms_rounds
                 fns = [lambda: y.copy_(x)] + [fn for _, _, fn, _ in timed]
                 rounds = [[] for _ in fns]
-                for r in range(ROUNDS):
-                    for i in list(range(len(fns)))[r % len(fns):] + list(range(len(fns)))[:r % len(fns)]:
+                order = list(range(len(fns)))
+                for _ in range(ROUNDS):
+                    shuffle(order)
+                    for i in order:
                         rounds[i].append(gpu_bench(fns[i], 5 if i and timed[i - 1][0] == "seed-naive" else reps))
                 copy_tbps = nbytes / statistics.median(rounds[0]) / 1e9
                 for record, ms_rounds in zip(shape_records, rounds[1:]):
