@@ -17,7 +17,8 @@ demo: $(STAMP)
 
 # two workers (pytest-xdist), each test module on one of them (its module fixtures set up once): 2 cores, as CI.
 # CI runs `test`: everything but the tests marked slow (the tuning jobs' kill / Ctrl-C / RPC / log tests, the
-# low-precision CUDA kernels emulated: 20 minutes with them on 2 cores, 17 without); `test-all` runs those too.
+# low-precision CUDA kernels and the attention tile options only the benchmark takes, emulated); `test-all` runs
+# those too.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadscope -m 'not slow' tests --nbmake notebooks
 

@@ -68,19 +68,6 @@ VARIANTS = [
     # the other block size: two 512-thread blocks per SM (float32: 73 KB of each row from L2), one of 1024 threads
     (4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
     (4096, 50257, "float16", {"lanes": 1024, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 1}),
-    # more of the row in registers (reg_steps): 1024 threads with 2 steps; 512 threads (128 registers each) with 4-7
-    # steps and all of the shared memory (7 steps of 32 KB); the same for the split's 8 chunks of 1M-rows
-    (128, 131072, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3, "reg_steps": 2}),
-    *[(128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 7, "reg_steps": r})
-      for r in (4, 6, 7)],
-    (16, 1 << 20, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 8, "cached": 3,
-                              "reg_steps": 2}),
-    *[(16, 1 << 20, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 8, "cached": 7,
-                                "reg_steps": r}) for r in (4, 6, 7)],
-    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "cached": 7}),
-    (16, 1 << 20, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 8, "cached": 7}),
-    *[(4096, 50257, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3, "reg_steps": r})
-      for r in (2, 3)],
 ]
 # Few long rows (a language model's next-token softmax over its vocabulary, batch 1 or 8; and one row of 32-64 KB,
 # which the rule leaves to one block): timed like GPU_SHAPES, beside one block per row and the split into other chunk

@@ -204,7 +204,7 @@ def stream_vectors(cols: int, vec: int) -> int:
 
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
-                chunks: int = 1, kept_exp: bool = True, reg_steps: int = 1):
+                chunks: int = 1, kept_exp: bool = True):
     """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
     (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
     online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
@@ -213,7 +213,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       thread keeps exp(x - its own max), so each element is exponentiated once and pass 2 is one multiply by
       exp(own max - row max) / sum.
     - Longer rows stream: pass 2 reads the row again, last step first, so memory sees one read and one write:
-      the last ``reg_steps`` steps are still in registers, the first ``cached`` steps are also kept in shared memory (pass 1
+      the last step is still in registers, the first ``cached`` steps are also kept in shared memory (pass 1
       requests them all at once with cp.async), each thread's own vectors (read back by the thread that wrote
       them: no barrier), the rest comes from L2, where pass 1 read it last. With little state per thread, two
       blocks share an SM: one's reductions overlap the other's loads. With ``kept_exp``, a float16 / bfloat16
@@ -242,10 +242,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     keep_exp = resident and kind == "softmax"
     kept16 = kept_exp and not resident and kind == "softmax" and tvm.DataType(dtype).bits == 16  # (docstring)
     C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
-    R = min(reg_steps, steps - C)  # ... and its last R steps in registers (slots 0 .. R - 1 of xv)
     keep_shape = (C, U, L, V) if C else (1,)
-    # the split's helpers, by what makes the kernel
-    name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}" + (f"_{R}" if R > 1 else "")
+    name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
     split_src = _split_src(name, rows * P) if P > 1 else ""
     f32, neg_inf = ACC, T.float32("-inf")
 
@@ -277,9 +275,9 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     def scale(m, st):  # exp(m - row max) / sum; 0 for a part holding only -inf (1 / sum keeps a row of -inf NaN)
         return T.if_then_else(m == neg_inf, T.float32(0), ex(m, st[0])) * st[1]
 
-    def step_max(ms, i):  # ms[i] for a cached step i, by a select chain that keeps ms in registers
-        m = ms[0]
-        for k in range(1, C):
+    def step_max(ms, st, i):  # the running max that kept step i's exponentials (st[5]: the last step's)
+        m = st[5]
+        for k in range(C):
             m = T.if_then_else(i == k, ms[k], m)
         return m
 
@@ -289,23 +287,23 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         return T.Cast(dtype, ex(value, stat[0]) * stat[1])
 
     @T.macro
-    def move(xv, k, flat, r, it, tx, load):
-        """Step ``it``'s vectors between the flat tensor and slot k of xv: ``load``: xv <- x, elements that are not
-        this row's -inf (and not read); else y <- xv, the row's elements only."""
+    def move(xv, flat, r, it, tx, load):
+        """Step ``it``'s vectors between the flat tensor and xv: ``load``: xv <- x, elements that are not this row's
+        -inf (and not read); else y <- xv, the row's elements only."""
         for u in T.unroll(U):
             if live(it, u):
                 if whole(r, it, u, tx):
                     for v in T.vectorized(V):
                         if load:
-                            xv[k, u, v] = flat[start(r, it, u, tx) + v]
+                            xv[u, v] = flat[start(r, it, u, tx) + v]
                         else:
-                            flat[start(r, it, u, tx) + v] = xv[k, u, v]
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
                 else:
                     for v in T.unroll(V):
                         if load:
-                            xv[k, u, v] = T.if_then_else(mine(r, it, u, tx, v), flat[start(r, it, u, tx) + v], _neg_inf(dtype))
+                            xv[u, v] = T.if_then_else(mine(r, it, u, tx, v), flat[start(r, it, u, tx) + v], _neg_inf(dtype))
                         elif mine(r, it, u, tx, v):
-                            flat[start(r, it, u, tx) + v] = xv[k, u, v]
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
 
     @T.macro
     def combine(st):
@@ -336,50 +334,42 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             butterfly(st, 5)
 
     @T.macro
-    def absorb(xv, k, ev, st, it, keep):
-        """(st[0], st[1]) <- the online (max, sum) updated with step ``it``'s vectors in slot k of xv; ``keep``:
-        (kept16) their exp(x - the new max) replace them."""
+    def absorb(xv, ev, st, it, keep):
+        """(st[0], st[1]) <- the online (max, sum) updated with step ``it``'s vectors in xv; ``keep``: (kept16) their
+        exp(x - the new max) replace them."""
         st[2] = st[0]
         for u in T.unroll(U):
             if live(it, u):
                 for v in T.unroll(V):
-                    st[2] = T.max(st[2], T.Cast(f32, xv[k, u, v]))
+                    st[2] = T.max(st[2], T.Cast(f32, xv[u, v]))
         st[1] = st[1] * ex(st[0], nonzero(st[2]))
         for u in T.unroll(U):
             if live(it, u):
                 for v in T.unroll(V):
                     if keep_exp:
-                        ev[u, v] = ex(T.Cast(f32, xv[k, u, v]), nonzero(st[2]))
+                        ev[u, v] = ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
                         st[1] = st[1] + ev[u, v]
                     elif keep:
-                        st[3] = ex(T.Cast(f32, xv[k, u, v]), nonzero(st[2]))
+                        st[3] = ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
                         st[1] = st[1] + st[3]
-                        xv[k, u, v] = T.Cast(dtype, st[3])
+                        xv[u, v] = T.Cast(dtype, st[3])
                     else:
-                        st[1] = st[1] + ex(T.Cast(f32, xv[k, u, v]), nonzero(st[2]))
+                        st[1] = st[1] + ex(T.Cast(f32, xv[u, v]), nonzero(st[2]))
         st[0] = st[2]
 
     @T.macro
-    def normalize(xv, k, st):
-        """Slot k of xv <- the outputs of its inputs, with (st[0], st[1]) = (row max, 1 / sum or log sum)."""
+    def normalize(xv, st):
+        """xv <- the outputs of the inputs in xv, with (st[0], st[1]) = (row max, 1 / sum or log sum)."""
         for u in T.unroll(U):
             for v in T.unroll(V):
-                xv[k, u, v] = result(T.Cast(f32, xv[k, u, v]), st)
-
-    @T.macro
-    def rescale(xv, k, st):
-        """Slot k of xv, kept exponentials, times st[2]."""
-        for u in T.unroll(U):
-            for v in T.unroll(V):
-                xv[k, u, v] = T.Cast(dtype, T.Cast(f32, xv[k, u, v]) * st[2])
+                xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
 
     @T.macro
     def pass1(xv, xs, ev, st, ms, keep, xf, r, c, tx):
         """(st[0], st[1]) <- this thread's online (max, sum) over chunk ``c``. The first C steps go to ``keep``,
         all of them requested at once (cp.async, one group per step), and the next step into xv registers
-        before the first is waited for: a block has all that in flight, not one step's loads at a time. The steps
-        between stream through slot 0 of xv (pass 2 reads them again), the last R stay in slots 0 .. R - 1.
-        kept16: ms[i] <- the running max after on-chip step i (cached, then in registers)."""
+        before the first is waited for: a block has all that in flight, not one step's loads at a time.
+        kept16: ms[i] <- the running max after cached step i."""
         st[0] = neg_inf
         st[1] = T.float32(0)
         if C > 0:  # (a parse-time branch: keep has no step axis without cached steps)
@@ -396,7 +386,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                     mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], _neg_inf(dtype))
                 T.ptx.cp.async_.commit_group()
         if C < steps:
-            move(xv, 0, xf, r, c * steps + C, tx, True)
+            move(xv, xf, r, c * steps + C, tx, True)
         if C > 0:
             for i in T.unroll(C):
                 it = T.meta_var(c * steps + i)
@@ -404,32 +394,27 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 for u in T.unroll(U):
                     if live(it, u):
                         for v in T.vectorized(V):
-                            xs[0, u, v] = keep[i, u, tx, v]
-                absorb(xs, 0, ev, st, it, kept16)
+                            xs[u, v] = keep[i, u, tx, v]
+                absorb(xs, ev, st, it, kept16)
                 if kept16:
                     ms[i] = st[0]
                     for u in T.unroll(U):
                         if live(it, u):  # (opaque to TVM, which would put a block barrier before a visible store)
-                            T.evaluate(T.cuda.func_call("tvmpipe_copy16", keep.ptr_to([i, u, tx, 0]),
-                                                        xs.ptr_to([0, u, 0]), source_code=_COPY16_SRC))
-        for i in T.serial(C, steps - R):
+                            T.evaluate(T.cuda.func_call("tvmpipe_copy16", keep.ptr_to([i, u, tx, 0]), xs.ptr_to([u, 0]),
+                                                        source_code=_COPY16_SRC))
+        for i in T.serial(C, steps - 1 if kept16 else steps):  # (kept16: the last step apart, below)
             it = T.meta_var(c * steps + i)
             if i > C:
-                move(xv, 0, xf, r, it, tx, True)
-            absorb(xv, 0, ev, st, it, False)
-        for k in T.unroll(R):
-            i = T.meta_var(steps - R + k)
-            if i > C:
-                move(xv, k, xf, r, c * steps + i, tx, True)
-            absorb(xv, k, ev, st, c * steps + i, kept16)
-            if kept16:
-                ms[C + k] = st[0]
+                move(xv, xf, r, it, tx, True)
+            absorb(xv, ev, st, it, False)
+        if kept16 and C < steps:  # the last step, which stays in registers
+            if steps - 1 > C:
+                move(xv, xf, r, c * steps + steps - 1, tx, True)
+            absorb(xv, ev, st, c * steps + steps - 1, True)
 
     @T.macro
     def pass2(xv, ev, st, ms, keep, xf, yf, r, c, tx):
-        """Chunk ``c`` normalised with the row's (max, sum) in (st[0], st[1]) and written, last step first: the
-        steps in registers, those from L2 (read last in pass 1), those in shared memory; st[5]: own max. kept16:
-        the on-chip steps' exponentials rescaled."""
+        """Chunk ``c`` normalised with the row's (max, sum) in (st[0], st[1]) and written; st[5]: own max."""
         st[0] = nonzero(st[0])
         st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
         if keep_exp:  # exp(x - row max) / sum = exp(x - own max) * [exp(own max - row max) / sum]
@@ -437,34 +422,29 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             for u in T.unroll(U):
                 if live(0, u):
                     for v in T.unroll(V):
-                        xv[0, u, v] = T.Cast(dtype, ev[u, v] * st[2])
-            move(xv, 0, yf, r, 0, tx, False)
+                        xv[u, v] = T.Cast(dtype, ev[u, v] * st[2])
+            move(xv, yf, r, 0, tx, False)
         else:
-            for kk in T.unroll(R):
-                k = T.meta_var(R - 1 - kk)
-                if kept16:
-                    st[2] = scale(ms[C + k], st)
-                    rescale(xv, k, st)
-                else:
-                    normalize(xv, k, st)
-                move(xv, k, yf, r, c * steps + steps - R + k, tx, False)
-            for ti in T.serial(steps - R):
-                i = T.meta_var(steps - R - 1 - ti)
+            for ti in T.serial(steps):  # last step first
+                i = T.meta_var(steps - 1 - ti)
                 it = T.meta_var(c * steps + i)
                 if C > 0 and i < C:
                     for u in T.unroll(U):
                         if live(it, u):
                             for v in T.vectorized(V):
-                                xv[0, u, v] = keep[i, u, tx, v]
-                else:
-                    move(xv, 0, xf, r, it, tx, True)
-                kept = T.meta_var(i < C if kept16 else False)
+                                xv[u, v] = keep[i, u, tx, v]
+                elif ti > 0:  # (the chunk's last step is still in registers from pass 1)
+                    move(xv, xf, r, it, tx, True)
+                # (kept16: its exponentials kept, in shared memory or, the last step's, in registers)
+                kept = T.meta_var(tirx.any(i < C, ti == 0) if kept16 else False)
                 if kept:
-                    st[2] = scale(step_max(ms, i), st)
-                    rescale(xv, 0, st)
+                    st[2] = scale(step_max(ms, st, i), st)
+                    for u in T.unroll(U):
+                        for v in T.unroll(V):
+                            xv[u, v] = T.Cast(dtype, T.Cast(f32, xv[u, v]) * st[2])
                 else:
-                    normalize(xv, 0, st)
-                move(xv, 0, yf, r, it, tx, False)
+                    normalize(xv, st)
+                move(xv, yf, r, it, tx, False)
 
     @T.macro
     def exchange(st, xs, ev, sync, tick, xf, r, b, tx):
@@ -497,8 +477,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             st[0] = neg_inf
             st[1] = T.float32(0)
             for it in T.serial(P * steps):
-                move(xs, 0, xf, r, it, tx, True)
-                absorb(xs, 0, ev, st, it, False)
+                move(xs, xf, r, it, tx, True)
+                absorb(xs, ev, st, it, False)
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
@@ -510,13 +490,13 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 with T.sblock("softmax_stream"):
                     T.reads()
                     T.writes()
-                    xv = T.alloc_buffer((max(R, 1), U, V), dtype, scope="local")
+                    xv = T.alloc_buffer((U, V), dtype, scope="local")
                     # a cached step, from keep; or (split) a step of another chunk
-                    xs = T.alloc_buffer((1, U, V) if C > 0 or P > 1 else (1,), dtype, scope="local")
+                    xs = T.alloc_buffer((U, V) if C > 0 or P > 1 else (1,), dtype, scope="local")
                     ev = T.alloc_buffer((U, V) if keep_exp else (1,), f32, scope="local")  # resident: exp(x - own max)
                     # max, sum; a peer's max, sum / a step's max; scratch; the thread's own max
                     st = T.alloc_buffer((6,), f32, scope="local")
-                    ms = T.alloc_buffer((C + R,) if kept16 else (1,), f32, scope="local")  # max after each on-chip step
+                    ms = T.alloc_buffer((C,) if kept16 and C > 0 else (1,), f32, scope="local")  # max after each cached step
                     red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
                     keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
                     sync = T.alloc_buffer((2,), "uint64", scope="shared.dyn")  # split: epoch, all partials came

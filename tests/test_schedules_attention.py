@@ -274,7 +274,14 @@ TILE_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("cfg, case", TILE_CONFIGS.values(), ids=TILE_CONFIGS.keys())
+# options only the benchmark's variants take (``choose`` never does): not in CI's `make test`, in `make test-all`
+BENCHMARK_ONLY = {"8-warps-pingpong-lpt-off", "16-row-warps-2-ctas-q-regs", "wgmma-2-groups-causal", "exp2f",
+                  "wgmma-per-group-diagonals-d128", "wgmma-unswizzled", "wgmma-tma-2-groups", "wgmma-tma-3-groups-causal",
+                  "wgmma-tma-persistent-unpeeled"}
+
+
+@pytest.mark.parametrize("cfg, case", [pytest.param(*c, id=n, marks=pytest.mark.slow if n in BENCHMARK_ONLY else ())
+                                       for n, c in TILE_CONFIGS.items()])
 def test_cuda_tile_configs_emulated(rng, cfg, case):
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import TileConfig, flash_mma

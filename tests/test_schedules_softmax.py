@@ -98,7 +98,7 @@ def test_cuda_warp_definition_on_cpu(rng):
         assert mismatches(y.numpy(), x, kind)[0] == 0, name
 
 
-# The block kernel, emulated (rows, cols, dtype, lanes, per_thread, cached, chunks, reg_steps):
+# The block kernel, emulated (rows, cols, dtype, lanes, per_thread, cached, chunks):
 # - streaming, several steps per row: rows starting mid-vector, a tensor ending mid-vector (5 x 1023), blocks of
 #   one and of several warps; none, some or all of a row's steps (and more than it has) kept in shared memory;
 #   a last step whose later vector groups lie wholly past the row (2560 = 320 vectors: 256 + 64);
@@ -109,29 +109,21 @@ def test_cuda_warp_definition_on_cpu(rng):
 #   (4096 in 5), more chunks than threads (40 > 32, merged in two turns), rows ending mid-vector, the rows of -inf
 #   and NaN (7 rows), chunks of several steps some of them cached in shared memory;
 # - bfloat16 resident, streamed and split;
-# - several steps in registers: with none, some or all of the others cached, more than the steps left (5 x 1023
-#   float16: 3 of 5), streamed, split, float16 / bfloat16 keeping their exponentials;
 # on rows holding the special values.
-STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1, 1), (4, 1025, "float32", 64, 2, 1, 1, 1),
-                (5, 1023, "float16", 32, 1, 2, 1, 1), (12, 50, "float32", 32, 4, 5, 1, 1),
-                (3, 4096, "float16", 96, 2, 0, 1, 1), (3, 3000, "float32", 64, 1, 3, 1, 1),
-                (3, 2560, "float16", 64, 4, 1, 1, 1), (8, 300, "float32", 64, 4, 0, 1, 1),
-                (3, 4096, "float16", 128, 4, 0, 1, 1), (4, 1025, "float32", 96, 4, 0, 1, 1),
-                (3, 4096, "float16", 32, 2, 0, 5, 1), (2, 3000, "float32", 32, 1, 0, 40, 1),
-                (7, 1025, "float16", 64, 2, 0, 3, 1), (3, 4096, "float16", 32, 1, 2, 4, 1),
-                (5, 1023, "float32", 32, 2, 1, 3, 1), (7, 1025, "bfloat16", 96, 4, 0, 1, 1),
-                (3, 3000, "bfloat16", 64, 1, 2, 1, 1), (3, 4096, "bfloat16", 32, 2, 0, 5, 1),
-                (4, 1025, "float32", 32, 2, 0, 1, 4), (3, 3000, "float32", 32, 1, 1, 1, 3),
-                (5, 1023, "float16", 32, 1, 2, 1, 4), (7, 1025, "float32", 64, 1, 2, 1, 3),
-                (3, 2560, "float16", 32, 1, 1, 1, 2),
-                (3, 4096, "bfloat16", 32, 1, 1, 2, 2), (5, 1023, "float32", 32, 1, 1, 2, 2)]
+STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
+                (12, 50, "float32", 32, 4, 5, 1), (3, 4096, "float16", 96, 2, 0, 1), (3, 3000, "float32", 64, 1, 3, 1),
+                (3, 2560, "float16", 64, 4, 1, 1),
+                (8, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
+                (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (7, 1025, "float16", 64, 2, 0, 3),
+                (3, 4096, "float16", 32, 1, 2, 4), (5, 1023, "float32", 32, 2, 1, 3),
+                (7, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
 
 
-@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached, chunks, reg_steps", STREAM_CASES)
+@pytest.mark.parametrize("rows, cols, dtype, lanes, per_thread, cached, chunks", STREAM_CASES)
 @pytest.mark.parametrize("kind", S.KINDS)
-def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, chunks, reg_steps, kind):
+def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, chunks, kind):
     vec = 16 // np.dtype(dtype).itemsize
-    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks, reg_steps=reg_steps)
+    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks)
     func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
@@ -143,11 +135,11 @@ def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, 
 def test_kernel_macros_expand_without_stack_inspection(monkeypatch):
     """TVMScript finds the parser expanding a macro by walking frames (``schedules._find_parser_def``), not with
     ``inspect.getouterframes``, which builds every frame's source context for each of a kernel's dozens of macro
-    calls: here only the decorator's own ``inspect.stack`` calls may (twice; 19 times unpatched)."""
+    calls: here only the decorator's own ``inspect.stack`` calls may (twice; 16 times unpatched)."""
     calls = []
     getouterframes = inspect.getouterframes
     monkeypatch.setattr(inspect, "getouterframes", lambda *a, **k: calls.append(1) or getouterframes(*a, **k))
-    func = softmax_tir.cuda_stream(3, 2560, "float16", "softmax", 32, 8, 1, cached=1, reg_steps=2)
+    func = softmax_tir.cuda_stream(3, 2560, "float16", "softmax", 32, 8, 1, cached=1)
     assert "tvmpipe_copy16" in func.script() and len(calls) <= 2, len(calls)
 
 
