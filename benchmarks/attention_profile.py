@@ -1,5 +1,5 @@
 """Nsight Compute side by side: tvmpipe's attention kernel against torch SDPA's cuDNN and flash kernels (issue #5),
-on the benchmark shapes furthest behind cuDNN (seq 512, and d128 at seq 2048), to say where the gap is.
+on the benchmark shapes furthest behind cuDNN (seq 512, d128 and d64 causal at seq 2048), to say where the gap is.
 
     python3 benchmarks/attention.py --build                  # here: the benchmark's library, whose rule kernels this runs
     python3 benchmarks/attention_profile.py --run --out DIR  # GPU machine with ncu: DIR/attention-ncu-<gpu>.json
@@ -22,7 +22,7 @@ from benchmarks.attention import CASES, LIB  # noqa: E402
 from benchmarks.common import gpu_slug, ncu_line, ncu_profile  # noqa: E402
 
 PROFILED = [c for c in CASES if c.name in ("bench_d128_s512_full", "bench_d128_s512_causal", "bench_d64_s512_full",
-                                           "bench_d64_s512_causal", "bench_d128_s2048_full")]
+                                           "bench_d64_s512_causal", "bench_d128_s2048_full", "bench_d64_s2048_causal")]
 IMPLS = {"tvmpipe": "regex:bench_", "torch-cudnn": "regex:cudnn", "torch-flash": "regex:flash_fwd"}
 
 

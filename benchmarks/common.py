@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,10 @@ NCU_METRICS = (("duration_ns", "Duration"), ("elapsed_cycles", "Elapsed Cycles")
                ("l2_bytes", "lts__t_bytes.sum"), ("dram_read_bytes", "dram__bytes_read.sum"),
                ("dram_write_bytes", "dram__bytes_write.sum"))
 _STALLS = "smsp__average_warps_issue_stalled_"  # + reason + "_per_issue_active.ratio"
+# each pipe's utilisation (% of its peak over the SMs' active cycles): instructions issued to it, and (tensor cores,
+# shared memory) its busy cycles; the pipes a GPU has differ, so they are asked for by pattern
+_PIPE = r"\.avg\.pct_of_peak_sustained_active"
+_PIPES = rf"regex:^sm__(inst_executed_pipe|pipe_[a-z0-9_]+_cycles_active).*{_PIPE}$"
 
 
 def gpu_slug() -> str:
@@ -34,8 +39,8 @@ def _number(text: str) -> float:
 
 def ncu_profile(kernels: str, argv: list[str]) -> list[dict]:
     """Nsight Compute over ``python argv`` (GPU machine): per launch of a kernel matching ``kernels`` (ncu's ``-k``,
-    e.g. "regex:cudnn"), in launch order, its name, ``NCU_METRICS`` and its warp stall reasons (cycles per issued
-    instruction, those over 0.05). ncu locks the clocks, so durations differ from a benchmark's; ratios do not much."""
+    e.g. "regex:cudnn"), in launch order, its name, ``NCU_METRICS``, its warp stall reasons (cycles per issued
+    instruction, those over 0.05) and its pipes' utilisation (% of peak, those over 0.5). ncu locks the clocks, so durations differ from a benchmark's; ratios do not much."""
     raw = [name for _, name in NCU_METRICS if "__" in name]
     sections = [a for s in NCU_SECTIONS for a in ("--section", s)]
 
@@ -44,9 +49,9 @@ def ncu_profile(kernels: str, argv: list[str]) -> list[dict]:
                "--metrics", ",".join(metrics), sys.executable, *argv]
         return subprocess.run(cmd, capture_output=True, text=True)
 
-    done = ncu(raw + [f"regex:^{_STALLS}.*_per_issue_active.ratio$"])
-    if done.returncode:  # (an ncu that does not take the stall metrics: without them)
-        print(f"ncu with stall reasons failed ({done.stderr.strip()[-300:]}); without them", flush=True)
+    done = ncu(raw + [f"regex:^{_STALLS}.*_per_issue_active.ratio$", _PIPES])
+    if done.returncode:  # (an ncu that does not take the stall or pipe metrics: without them)
+        print(f"ncu with stall reasons and pipes failed ({done.stderr.strip()[-300:]}); without them", flush=True)
         done = ncu(raw)
         done.check_returncode()
     launches: dict[str, dict] = {}
@@ -54,7 +59,7 @@ def ncu_profile(kernels: str, argv: list[str]) -> list[dict]:
     for row in csv.DictReader(io.StringIO(text)):
         launches.setdefault(row["ID"], {"kernel": row["Kernel Name"][:120]})[row["Metric Name"]] = row["Metric Value"]
     return [{"kernel": got["kernel"], **{key: _number(got[name]) for key, name in NCU_METRICS if name in got},
-             "stalls": _stalls(got)} for got in launches.values()]
+             "stalls": _stalls(got), "pipes": _pipes(got)} for got in launches.values()]
 
 
 def _stalls(metrics: dict[str, str]) -> dict[str, float]:
@@ -64,9 +69,18 @@ def _stalls(metrics: dict[str, str]) -> dict[str, float]:
     return dict(sorted(((k, v) for k, v in stalls.items() if v > 0.05), key=lambda kv: -kv[1]))
 
 
+def _pipes(metrics: dict[str, str]) -> dict[str, float]:
+    """Pipe -> % of its peak, those over 0.5, busiest first ("xu": transcendentals and conversions, "fma", "alu",
+    "tensor_op_gmma_cycles_active": the tensor cores under wgmma, ...)."""
+    pipes = {re.sub(rf"^sm__(inst_executed_pipe_|pipe_)|{_PIPE}$", "", name): _number(value)
+             for name, value in metrics.items() if re.fullmatch(_PIPES[len("regex:"):], name)}
+    return dict(sorted(((k, v) for k, v in pipes.items() if v > 0.5), key=lambda kv: -kv[1]))
+
+
 def ncu_line(r: dict) -> str:
     """One profiled launch (``ncu_profile``'s record) in a line."""
     return (f"{r['duration_ns'] / 1e3:8.1f} us, SM {r['sm_throughput_pct']:5.1f} %, L2 {r['l2_throughput_pct']:5.1f} %, "
             f"DRAM {r['dram_throughput_pct']:5.1f} %, IPC {r['issued_ipc']:.2f}, {r['registers']:.0f} regs x "
             f"{r['block']:.0f} threads, grid {r['grid']:.0f}; L2 {r['l2_bytes'] / 1e9:.3f} GB, DRAM read "
-            f"{r['dram_read_bytes'] / 1e9:.3f} / write {r.get('dram_write_bytes', 0) / 1e9:.3f} GB; stalls {r['stalls']}")
+            f"{r['dram_read_bytes'] / 1e9:.3f} / write {r.get('dram_write_bytes', 0) / 1e9:.3f} GB; stalls {r['stalls']}"
+            + (f"; pipes {r['pipes']}" if r.get("pipes") else ""))
