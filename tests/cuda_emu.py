@@ -432,10 +432,11 @@ def _helpers(preamble: str) -> str:
             kernel, fn = m.groups()
             blocks = int(re.search(rf"tvmpipe_split_{kernel}_slots\[2 \* (\d+)\]", preamble).group(1))
             pre = f"tvmpipe_split_{kernel}"
+            # (the tag is plain arithmetic: its body is the kernel's own)
+            tag = re.search(rf"{pre}_tag\((unsigned long long epoch, const void\* x)\) \{{(.*?)\n\}}", preamble, re.S)
             defs.append({
                 "tag": f"static uint64_t {pre}_count, {pre}_slots[2 * {blocks}];\n"
-                       f"static inline uint64_t {name}(uint64_t e, const void* x) {{ "
-                       "return ((e + 1ull) * 0x9E3779B97F4A7C15ull ^ (uint64_t)x * 0xC2B2AE3D27D4EB4Full) | 1ull; }",
+                       f"static inline uint64_t {name}({tag.group(1)}) {{{tag.group(2)}\n}}",
                 "arrive": f"static std::mutex {pre}_lock;\n"
                           f"static inline uint64_t {name}() {{ std::lock_guard<std::mutex> g({pre}_lock); return {pre}_count++ / {blocks}; }}",
                 "publish": f"static inline void {name}(int b, uint64_t e, const void* x, float m, float s) {{ "
