@@ -40,7 +40,8 @@ def _number(text: str) -> float:
 def ncu_profile(kernels: str, argv: list[str]) -> list[dict]:
     """Nsight Compute over ``python argv`` (GPU machine): per launch of a kernel matching ``kernels`` (ncu's ``-k``,
     e.g. "regex:cudnn"), in launch order, its name, ``NCU_METRICS``, its warp stall reasons (cycles per issued
-    instruction, those over 0.05) and its pipes' utilisation (% of peak, those over 0.5). ncu locks the clocks, so durations differ from a benchmark's; ratios do not much."""
+    instruction, those over 0.05) and its pipes' utilisation (% of peak, those over 0.5). ncu locks the clocks, so
+    durations differ from a benchmark's; ratios do not much."""
     raw = [name for _, name in NCU_METRICS if "__" in name]
     sections = [a for s in NCU_SECTIONS for a in ("--section", s)]
 
