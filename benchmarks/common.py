@@ -23,7 +23,8 @@ _STALLS = "smsp__average_warps_issue_stalled_"  # + reason + "_per_issue_active.
 # each pipe's utilisation (% of its peak over the SMs' active cycles): instructions issued to it, and (tensor cores,
 # shared memory) its busy cycles; the pipes a GPU has differ, so they are asked for by pattern
 _PIPE = r"\.avg\.pct_of_peak_sustained_active"
-_PIPES = rf"regex:^sm__(inst_executed_pipe|pipe_[a-z0-9_]+_cycles_active).*{_PIPE}$"
+_PIPE_METRIC = re.compile(rf"^sm__(inst_executed_pipe|pipe_[a-z0-9_]+_cycles_active).*{_PIPE}$")
+_PIPES = f"regex:{_PIPE_METRIC.pattern}"  # (the same pattern, as ncu's --metrics takes it)
 
 
 def gpu_slug() -> str:
@@ -74,7 +75,7 @@ def _pipes(metrics: dict[str, str]) -> dict[str, float]:
     """Pipe -> % of its peak, those over 0.5, busiest first ("xu": transcendentals and conversions, "fma", "alu",
     "tensor_op_gmma_cycles_active": the tensor cores under wgmma, ...)."""
     pipes = {re.sub(rf"^sm__(inst_executed_pipe_|pipe_)|{_PIPE}$", "", name): _number(value)
-             for name, value in metrics.items() if re.fullmatch(_PIPES[len("regex:"):], name)}
+             for name, value in metrics.items() if _PIPE_METRIC.fullmatch(name)}
     return dict(sorted(((k, v) for k, v in pipes.items() if v > 0.5), key=lambda kv: -kv[1]))
 
 
