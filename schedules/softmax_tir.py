@@ -215,13 +215,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     - Longer rows stream: pass 2 reads the row again, last step first, so memory sees one read and one write:
       the last step is still in registers, the first ``cached`` steps are also kept in shared memory (pass 1
       requests them all at once with cp.async), each thread's own vectors (read back by the thread that wrote
-      them: no barrier), the rest comes from L2, where pass 1 read it last. With little state per thread, two
-      blocks share an SM: one's reductions overlap the other's loads. With ``kept_exp``, a float16 / bfloat16
-      softmax keeps, over x, exp(x - m) of the steps that stay on chip, m the thread's running max after each such
-      step, so that pass 2 multiplies them by exp(m - row max) / sum instead of exponentiating again (rounded twice:
-      <= 1 ulp). H200, same runs, against exponentiating again: float16 128 x 131072 +1-3 %, 16 x 1M +6 % (Nsight
-      Compute: 23.0 -> 21.5 and 27.3 -> 25.8 us); float32, with half the exponentials per byte and the same extra
-      shared-memory store, -2 to +0.4 %, so it recomputes.
+      them: no barrier), the rest comes from L2, where pass 1 read it last. A step that comes from memory is loaded
+      into a second register buffer while the step before is computed (H200, hand-edited CUDA in a same-run A/B:
+      float32 128 x 131072 +4 %, 16 x 1M +2 %; the benchmark +1-2 %; each step's loads had waited their full
+      latency). With little state per thread, two blocks share an SM: one's reductions overlap the other's loads.
+      With ``kept_exp``, a float16 / bfloat16 softmax keeps, over x, exp(x - m) of the steps that stay on chip, m
+      the thread's running max after each such step, so that pass 2 multiplies them by exp(m - row max) / sum
+      instead of exponentiating again (rounded twice: <= 1 ulp). H200, same runs, against exponentiating again:
+      float16 128 x 131072 +1-3 %, 16 x 1M +6 % (Nsight Compute: 23.0 -> 21.5 and 27.3 -> 25.8 us); float32, with
+      half the exponentials per byte and the same extra shared-memory store, -2 to +0.4 %, so it recomputes.
     - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): still one kernel, with no more blocks than
       the SMs hold at once. Each block does pass 1 over its chunk (cached like a row), publishes its (max, sum),
       takes its row's others (``_SPLIT_SRC``), merges them like the block merges its threads' and does pass 2 on its
@@ -365,6 +367,13 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 xv[u, v] = result(T.Cast(f32, xv[u, v]), st)
 
     @T.macro
+    def prefetched(xv, xs):
+        """xv <- the step that ``move`` loaded into xs during the step before (register moves)."""
+        for u in T.unroll(U):
+            for v in T.vectorized(V):
+                xv[u, v] = xs[u, v]
+
+    @T.macro
     def pass1(xv, xs, ev, st, ms, keep, xf, r, c, tx):
         """(st[0], st[1]) <- this thread's online (max, sum) over chunk ``c``. The first C steps go to ``keep``,
         all of them requested at once (cp.async, one group per step), and the next step into xv registers
@@ -404,16 +413,16 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                                                         source_code=_COPY16_SRC))
         for i in T.serial(C, steps - 1 if kept16 else steps):  # (kept16: the last step apart, below)
             it = T.meta_var(c * steps + i)
-            if i > C:
-                move(xv, xf, r, it, tx, True)
+            if i + 1 < steps:  # the next step's loads, in flight while this one is reduced
+                move(xs, xf, r, it + 1, tx, True)
             absorb(xv, ev, st, it, False)
-        if kept16 and C < steps:  # the last step, which stays in registers
-            if steps - 1 > C:
-                move(xv, xf, r, c * steps + steps - 1, tx, True)
+            if i + 1 < steps:
+                prefetched(xv, xs)
+        if kept16 and C < steps:  # the last step, which stays in registers (there since the loop or before it)
             absorb(xv, ev, st, c * steps + steps - 1, True)
 
     @T.macro
-    def pass2(xv, ev, st, ms, keep, xf, yf, r, c, tx):
+    def pass2(xv, xs, ev, st, ms, keep, xf, yf, r, c, tx):
         """Chunk ``c`` normalised with the row's (max, sum) in (st[0], st[1]) and written; st[5]: own max."""
         st[0] = nonzero(st[0])
         st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
@@ -434,7 +443,9 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             for v in T.vectorized(V):
                                 xv[u, v] = keep[i, u, tx, v]
                 elif ti > 0:  # (the chunk's last step is still in registers from pass 1)
-                    move(xv, xf, r, it, tx, True)
+                    prefetched(xv, xs)
+                if i - 1 >= C:  # the next step comes from L2: its loads in flight while this one is written
+                    move(xs, xf, r, it - 1, tx, True)
                 # (kept16: its exponentials kept, in shared memory or, the last step's, in registers)
                 kept = T.meta_var(tirx.any(i < C, ti == 0) if kept16 else False)
                 if kept:
@@ -491,8 +502,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     T.reads()
                     T.writes()
                     xv = T.alloc_buffer((U, V), dtype, scope="local")
-                    # a cached step, from keep; or (split) a step of another chunk
-                    xs = T.alloc_buffer((U, V) if C > 0 or P > 1 else (1,), dtype, scope="local")
+                    # a cached step, from keep; the next step from memory; or (split) a step of another chunk
+                    xs = T.alloc_buffer((U, V), dtype, scope="local")
                     ev = T.alloc_buffer((U, V) if keep_exp else (1,), f32, scope="local")  # resident: exp(x - own max)
                     # max, sum; a peer's max, sum / a step's max; scratch; the thread's own max
                     st = T.alloc_buffer((6,), f32, scope="local")
@@ -510,7 +521,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     if P > 1:
                         exchange(st, xs, ev, sync, tick, xf, b // P, b, tx)
                         merge(st, red, tx)
-                    pass2(xv, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
+                    pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
 
     return func
 
