@@ -85,7 +85,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
     rows = [targets.resolve(n) for n in targets.names()]
     if args.json:
-        print(json.dumps([{"name": t.name, "kind": t.kind, "summary": t.isa_summary(), "target": t.spec} for t in rows]))
+        print(json.dumps([{"name": t.name, "kind": t.kind, "summary": t.isa_summary(), "target": t.spec,
+                           **({"sms": t.sms} if t.is_gpu else {})} for t in rows]))
         return 0
     width = max(len(t.name) for t in rows)
     for t in rows:

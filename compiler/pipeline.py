@@ -114,6 +114,7 @@ def compile_prepared(prep: Prepared, output: str | Path, options: Options | None
             "name": info.name,
             "kind": info.kind,
             "arch": info.arch,
+            "sms": info.sms,
             "spec": info.spec,
             "summary": info.isa_summary(),
             "cpu_flags": targets.host_cpu_flags() if not info.is_gpu else [],

@@ -8,6 +8,7 @@ Inputs frozen at compile time (``--bind-input``) may be left out; fed, they must
 from __future__ import annotations
 
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,16 @@ def gpu_code_runs(arch: str, images: list[str], have: int) -> bool:
     return have == sm or (have > sm and suffix != "a" and any("ptx" in i for i in images))
 
 
+def sm_mismatch(target: dict, have: int) -> str | None:
+    """Why a package planned for ``target["sms"]`` SMs runs below its best on a GPU of ``have``, or None."""
+    planned = target.get("sms")
+    if not planned or planned == have:
+        return None
+    return (f"{target['name']} plans its kernels for a GPU of {planned} SMs and this one has {have}: persistent "
+            "attention kernels and split softmax rows size their grids by SM count (fewer SMs: part of the grid waits "
+            f"for a second wave; more: SMs idle). Recompile with a target file that says \"sms\": {have}")
+
+
 def _check_compatible(manifest: dict, path: str) -> None:
     import tvm
 
@@ -92,6 +103,9 @@ def _check_compatible(manifest: dict, path: str) -> None:
         have = int(dev.compute_version.replace(".", ""))
         if not gpu_code_runs(target["arch"], manifest.get("gpu_code", {}).get("images", []), have):
             raise TvmpipeError(f"{path} holds GPU code for {target['arch']}, but this GPU is sm_{have}")
+        slower = sm_mismatch(target, dev.multi_processor_count)
+        if slower:
+            warnings.warn(f"{path}: {slower}")
     else:
         missing = sorted(set(target.get("cpu_flags", [])) - set(host_cpu_flags()))
         if missing:

@@ -12,6 +12,7 @@ import tvm
 from tvm import tirx
 
 from schedules import LEGALIZE, RULES
+from schedules.common import planning_for
 
 from .plugins import PluginSchedule
 from .targets import TargetInfo
@@ -33,7 +34,7 @@ def apply(mod: tvm.IRModule, target: TargetInfo, *, enabled: bool = True) -> tup
         return mod, chosen
     rules = [PluginSchedule(), *RULES]
     updates = {}
-    with target.target:
+    with target.target, planning_for(target.sms):
         for gvar, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue

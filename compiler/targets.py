@@ -3,6 +3,9 @@
 A target file holds ``{"description": str, "target": <TVM target dict>}``. For CPU targets the values
 ``"host"`` of ``mcpu`` and ``num-cores`` are filled in from this machine, so ``cpu`` always means "the
 CPU this runs on"; the detected ISA is recorded so a package refuses to load on a CPU that lacks it.
+A CUDA target file may also say ``"sms": N``, the GPU's SM count, which TVM's target does not carry and the
+kernels' launch plans depend on (the persistent attention grid, the split softmax's blocks, which must all be
+resident); without it, ``DEFAULT_SMS`` of the arch.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any
 
 from .errors import TvmpipeError
 
+# SM count by compute capability where a target file does not give one: the H100 / H200 SXM's and the A100's (an
+# H100 PCIe has 114, an H20 78: their target files should say so).
+DEFAULT_SMS = {90: 132, 80: 108}
 # Vector extensions worth naming in a summary (LLVM feature names), widest first.
 _ISA_NAMES = ("amx-tile", "avx512f", "avx2", "avx", "sse4.2", "neon", "sve")
 
@@ -29,6 +35,7 @@ class TargetInfo:
     spec: dict[str, Any]  # the TVM target dict after host detection
     kind: str  # "cpu" or "cuda"
     arch: str | None = None  # "sm_90" for CUDA
+    sms: int | None = None  # CUDA: the SMs the kernels are planned for (the file's "sms", else DEFAULT_SMS)
     cores: int = 1
     cpu_features: tuple[str, ...] = field(default_factory=tuple)
 
@@ -45,7 +52,7 @@ class TargetInfo:
     def isa_summary(self) -> str:
         """e.g. 'znver5, AVX-512, 2 cores' or 'sm_90'."""
         if self.is_gpu:
-            return self.arch or "cuda"
+            return f"{self.arch or 'cuda'}, {self.sms} SMs" if self.sms else self.arch or "cuda"
         isa = next((n for n in _ISA_NAMES if n in self.cpu_features), "scalar")
         pretty = {"amx-tile": "AMX + AVX-512", "avx512f": "AVX-512"}.get(isa, isa.upper())
         return f"{self.spec.get('mcpu', 'generic')}, {pretty}, {self.cores} cores"
@@ -57,6 +64,14 @@ def cuda_arch(arch: str) -> tuple[int, str]:
     name = arch.removeprefix("sm_")
     number = name.rstrip("af")
     return int(number), name[len(number):]
+
+
+def default_sms(arch: str | None) -> int | None:
+    """``DEFAULT_SMS`` of a CUDA arch (``sm_90a``), None for an arch it does not list or no arch."""
+    try:
+        return DEFAULT_SMS.get(cuda_arch(arch)[0]) if arch else None
+    except ValueError:
+        return None
 
 
 def target_dir() -> Path:
@@ -112,8 +127,13 @@ def resolve(name_or_path: str) -> TargetInfo:
             cpu_features=_host_cpu_features(spec["mcpu"]),
         )
     elif kind_name == "cuda":
+        arch = spec.get("arch")
+        sms = data.get("sms", default_sms(arch))
+        if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms < 1):
+            raise TvmpipeError(f"target file {path}: \"sms\" must be the GPU's SM count, a positive integer, "
+                               f"not {sms!r}")
         info = TargetInfo(
-            name=name, description=data.get("description", ""), spec=spec, kind="cuda", arch=spec.get("arch")
+            name=name, description=data.get("description", ""), spec=spec, kind="cuda", arch=arch, sms=sms
         )
     else:
         raise TvmpipeError(f"target file {path}: kind '{kind_name}' is not supported (llvm or cuda)")

@@ -76,7 +76,7 @@ from tvm.script import tirx as T
 from compiler.targets import cuda_arch
 
 from .attention import causal_offset, kernel_signature
-from .common import LOG2E, SMS, ex2, sm_version, warp_shuffle_xor
+from .common import LOG2E, ex2, sm_count, sm_version, warp_shuffle_xor
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
 TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
@@ -199,12 +199,12 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
     persistence alone: d64 causal +3-5 %; d128 at 2048 +1-7 %, at 512 -5, 0, -3, -2 and -1 % in five runs (up
     to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in
-    four runs (1 there). The grid assumes the H200's 132 SMs: a GPU with fewer runs the surplus CTAs as a second
-    wave."""
+    four runs (1 there). The grid is the target's SM count (``common.sm_count``: a GPU with fewer SMs would run the
+    surplus CTAs as a second wave)."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg
-    d64, cfg = spec.head_dim <= 64, replace(cfg, persistent=SMS["sm_90"])
+    d64, cfg = spec.head_dim <= 64, replace(cfg, persistent=sm_count())
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
     if causal:
@@ -1031,12 +1031,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
 
 SIMT_THREADS = 128
-SIMT_MIN_CTAS = 2 * SMS["sm_90"]  # two CTAs per SM on the H200
+SIMT_CTAS_PER_SM = 2  # (the H200)
 
 
 def simt_split(spec) -> int:
     """Lanes that share one query row in the SIMT kernel: 2 when one lane per row gives fewer than
-    ``SIMT_MIN_CTAS`` CTAs, else 1.
+    ``SIMT_CTAS_PER_SM`` CTAs per SM, else 1.
 
     One lane per row leaves short-sequence models with a handful of CTAs whose every lane walks all keys
     (BERT-base, batch 1: 12 CTAs). Splitting a row's keys over 2 lanes halves that chain and doubles the CTAs
@@ -1046,7 +1046,7 @@ def simt_split(spec) -> int:
     """
     if not (isinstance(spec.batch, int) and isinstance(spec.seq_q, int)):
         return 1
-    return 2 if spec.batch * spec.heads * -(-spec.seq_q // SIMT_THREADS) < SIMT_MIN_CTAS else 1
+    return 2 if spec.batch * spec.heads * -(-spec.seq_q // SIMT_THREADS) < SIMT_CTAS_PER_SM * sm_count() else 1
 
 
 def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:

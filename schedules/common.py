@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import tvm
 import tvm_ffi
@@ -12,13 +14,15 @@ from tvm.script import tirx as T
 from tvm.target import Target, codegen
 from tvm.tirx.op import tvm_warp_shuffle_xor
 
-from compiler.targets import cuda_arch
+from compiler.targets import DEFAULT_SMS, cuda_arch, default_sms
 
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * LOG2E): the CUDA kernels' exp2 and the CPU's vexp
 ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
-# Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100). The GPU kernels' launch choices
-# were tuned on the H200 (sm_90).
-SMS = {"sm_90": 132, "sm_80": 108}
+# Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100), where the target file gives none
+# (``sm_count``). The GPU kernels' launch choices were tuned on the H200 (sm_90).
+SMS = {f"sm_{cc}": n for cc, n in DEFAULT_SMS.items()}
+# The SM count of the target being scheduled (``planning_for``), which ``sm_count`` returns over the arch's default.
+_PLANNED_SMS: ContextVar[int | None] = ContextVar("tvmpipe_planned_sms", default=None)
 # A constant weight is stored in panels of this many vectors of output columns (channels), each contiguous along
 # the reduction, and the register tile takes one panel: 2 x 8 rows beat 3 x 8 once B is in panels (ViT / BERT
 # FFN shapes, kernel alone: 2.2 vs 2.3 ms); four vectors were no faster
@@ -38,6 +42,23 @@ def compiling_for_cpu() -> bool:
     """Inside ``passes.optimize`` the target is the current one."""
     target = Target.current(allow_none=True)
     return target is not None and target.kind.name == "llvm"
+
+
+@contextmanager
+def planning_for(sms: int | None) -> Iterator[None]:
+    """Within: kernels are planned for a GPU of ``sms`` SMs (``compiler.schedules`` sets the target's; None: the
+    arch's default). A context rather than an argument: TVM hands the rules only its own Target, which has no SM
+    count."""
+    token = _PLANNED_SMS.set(sms)
+    try:
+        yield
+    finally:
+        _PLANNED_SMS.reset(token)
+
+
+def sm_count(arch: str = "sm_90") -> int:
+    """SMs of the GPU the kernels are planned for: the target's (``planning_for``), else ``arch``'s default."""
+    return _PLANNED_SMS.get() or default_sms(arch) or SMS["sm_90"]
 
 
 def default_legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -37,7 +37,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import SMS, sm_version
+from .common import sm_count, sm_version
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
@@ -260,7 +260,7 @@ def choose(spec: GemmSpec) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest."""
     configs = CONFIGS_TF32 if spec.dtype == "float32" else CONFIGS
     for cfg in configs:
-        if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= SMS["sm_90"]:
+        if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= sm_count():
             return cfg
     return configs[-1]
 

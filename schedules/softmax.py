@@ -43,7 +43,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from . import softmax_tir
-from .common import SMS
+from .common import sm_count
 
 KINDS = ("softmax", "log_softmax")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -136,7 +136,7 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
     itemsize = tvm.DataType(dtype).bits // 8
     vec = math.gcd(cols, 16 // itemsize)  # 16 bytes when the row length keeps rows 16-byte aligned
     nvec = cols // vec
-    sms = SMS.get(arch, SMS["sm_90"])
+    sms = sm_count(arch)
     if nvec <= 32 * _vec_budget(vec):  # fits a warp: <= 32 lanes per row
         lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))

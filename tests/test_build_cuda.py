@@ -41,7 +41,7 @@ def test_cuda_package_holds_sm90_cubin_and_no_source(cuda_pkg):
     assert 90 in cuda_elf_archs(lib), "no sm_90a cubin in the package"
     assert b"__global__" not in lib and b"extern \"C\"" not in lib, "CUDA source left in the package"
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
-    assert manifest["target"]["arch"] == "sm_90a" and manifest["kernels"]
+    assert manifest["target"]["arch"] == "sm_90a" and manifest["target"]["sms"] == 132 and manifest["kernels"]
     if manifest["gpu_code"]["format"] == "fatbin":
         assert struct.pack("<I", 0xBA55ED50) in lib  # fatbin magic: the PTX rides along for newer GPUs
 
@@ -184,3 +184,44 @@ def test_gpu_code_runs_where_its_arch_allows(arch, images, have, runs):
     from compiler.runtime import gpu_code_runs
 
     assert gpu_code_runs(arch, images, have) is runs
+
+
+def split_blocks(mod) -> list[int]:
+    """blockIdx.x extents of the scheduled softmax kernels in ``mod`` (from their TVMScript)."""
+    import re
+
+    import tvm
+
+    return [int(n) for gvar, func in mod.functions.items()
+            if "softmax" in gvar.name_hint and isinstance(func, tvm.tirx.PrimFunc)
+            for n in re.findall(r'thread_binding\((\d+), thread="blockIdx.x"\)', func.script())]
+
+
+def test_target_sm_count_plans_the_kernels(capsys, tmp_path):
+    """A target file's "sms" (an H100 PCIe's, say) reaches the launch plans and the manifest: a split softmax row,
+    whose blocks must all be resident, takes no more blocks than that; without it, the arch's 132."""
+    from helpers import make_model, save
+    from onnx import TensorProto, helper
+
+    from compiler import pipeline
+
+    spec = json.loads(open("targets/cuda-sm90.json").read())
+    (tmp_path / "gpu40.json").write_text(json.dumps({**spec, "sms": 40}))
+    x, y = ("x", TensorProto.FLOAT, [8, 1 << 18]), ("y", TensorProto.FLOAT, [8, 1 << 18])
+    model = save(make_model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [x], [y]), tmp_path / "softmax.onnx")
+    assert split_blocks(pipeline.prepare(model, "cuda-sm90").mod) == [8 * 16]  # 132 // 8 chunks a row
+    prep = pipeline.prepare(model, str(tmp_path / "gpu40.json"))
+    assert prep.target.sms == 40 and prep.target.isa_summary() == "sm_90a, 40 SMs"
+    assert split_blocks(prep.mod) == [8 * 5]
+    (tmp_path / "bad.json").write_text(json.dumps({**spec, "sms": "many"}))
+    r = run_cli(capsys, "compile", model, "--target", tmp_path / "bad.json")
+    assert r.code != 0 and "bad.json" in r.err and '"sms" must be the GPU\'s SM count' in r.err
+
+
+def test_sm_count_mismatch_is_reported():
+    from compiler.runtime import sm_mismatch
+
+    assert sm_mismatch({"name": "cuda-sm90", "sms": 132}, 132) is None
+    assert sm_mismatch({"name": "cuda-sm90"}, 114) is None  # a package from before "sms" was recorded
+    said = sm_mismatch({"name": "cuda-sm90", "sms": 132}, 114)
+    assert "132 SMs" in said and "has 114" in said and '"sms": 114' in said

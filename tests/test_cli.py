@@ -35,7 +35,7 @@ def test_targets_lists_named_targets(capsys):
     r = run_cli(capsys, "targets", "--json")
     rows = {t["name"]: t for t in json.loads(r.out)}
     assert {"cpu", "cuda-sm90", "cuda-sm80"} <= set(rows)
-    assert rows["cuda-sm90"]["target"]["arch"] == "sm_90a"
+    assert rows["cuda-sm90"]["target"]["arch"] == "sm_90a" and rows["cuda-sm90"]["sms"] == 132
     assert rows["cpu"]["target"]["num-cores"] >= 1 and rows["cpu"]["target"]["mcpu"] != "host"
 
 

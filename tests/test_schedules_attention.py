@@ -405,6 +405,10 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, 3, False, True), (seq, d, causal, cfg)
         assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong) == want, (seq, d, causal, cfg)
+    from schedules.common import planning_for
+
+    with planning_for(114):  # a target file's SM count (an H100 PCIe) sizes the persistent grid
+        assert choose(spec(512, 128), wgmma=True).persistent == 114
     symbolic = tvm.tirx.Var("s", "int64")  # (an unknown length counts as long)
     assert choose(spec(symbolic, 128), wgmma=True).persistent and not choose(spec(symbolic, 128, "TopLeft"), wgmma=True).persistent
     for seq, d, causal in ((512, 32, "none"), (2048, 96, "TopLeft")):
