@@ -81,8 +81,8 @@ class Case:
         (cp.async from every thread; causal up to 4096 rows with per-warpgroup diagonals); and the rule's TMA
         kernel with 2 computing warpgroups in ping-pong (``p``) or not, with 2 stages, with 2 computing warpgroups
         instead of 3 or 3 instead of 2 (d128: of 64-key tiles), and persistent (``P``) or not, whichever the rule
-        did not pick (persistent: also with one Q buffer; not: without ping-pong), without its peeled last key
-        tile (``TileConfig.peel``), and for head_dim 64 with 4 computing warpgroups of 64-key tiles. The correctness cases check the
+        did not pick (persistent: also with one Q buffer; not: without ping-pong), and without its peeled last key
+        tile (``TileConfig.peel``). The correctness cases check the
         rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
                                              wgmma_config)
@@ -107,8 +107,6 @@ class Case:
             else:
                 other.append(replace(chosen, persistent=SMS["sm_90"]))
             other.append(replace(chosen, peel=False))  # the last key tile in the loop (``z``)
-            if self.head_dim <= 64:  # 4 computing warpgroups of 64-key tiles (256 query rows: no padding at 512)
-                other.append(replace(chosen, warps=16, bn=64, pingpong=False))
         return [c for c in other if c != chosen]
 
 
