@@ -1,4 +1,9 @@
-"""Device: the half-rows prototype against the rule's stamped kernel and a memcpy, float16 128 x 131072."""
+"""Device: the half-rows prototype against the rule's stamped kernel and a memcpy, float16 128 x 131072.
+
+Reproduce (the experiment of commit 1d3e5cc): in this folder, ``nvcc -arch=sm_90a -cubin -O3 -o halvesN.cubin
+halvesN.cu``; the rule's stamped kernel from ``benchmarks/softmax_phases.py --build`` copied here as ``rule.cubin``
+(``build/gpu/softmax-phases/float16_128x131072.cubin``); then on the GPU machine (CuPy)
+``python run.py OUT_DIR halvesN.cubin``."""
 import json, os, random, sys
 import cupy as cp
 import numpy as np
