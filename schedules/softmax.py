@@ -113,7 +113,6 @@ class CudaPlan:
     chunks: int = 1
     cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
     kept_exp: bool = True  # block kernel, streamed float16 / bfloat16 softmax: exp(x - m) kept on chip, not recomputed
-    evict_first: bool = False  # block kernel: the output stored evict-first (streamed rows in one wave of blocks)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -178,8 +177,7 @@ def _stream_plan(blocks: int, touched: int, vec: int, sms: int, chunks: int = 1)
         return CudaPlan(lanes, vec, _STREAM_VECTORS, chunks=chunks, kept_exp=one_wave)
     # (the last step stays in registers)
     cached = min(_ceil(touched, step) - 1, _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // (step * 16))
-    return CudaPlan(lanes, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=cached, kept_exp=one_wave,
-                    evict_first=one_wave)
+    return CudaPlan(lanes, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=cached, kept_exp=one_wave)
 
 
 def _schedule(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:
@@ -214,7 +212,7 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
     if plan.cache == "l2" or plan.lanes > 32:  # the block kernel, a kernel already: nothing to schedule
         return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
-                                                 plan.cached, plan.chunks, plan.kept_exp, plan.evict_first), kind)
+                                                 plan.cached, plan.chunks, plan.kept_exp), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])

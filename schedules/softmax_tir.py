@@ -141,13 +141,6 @@ _COPY16_SRC = ("__forceinline__ __device__ void tvmpipe_copy16(void* dst, const 
                "{ *(uint4*)dst = *(const uint4*)src; }")
 
 
-# A thread's 16-byte vector stored to global memory as evict-first (``st.global.cs``), so that L2 writes those lines
-# back while the kernel still runs instead of leaving them dirty for the next kernel's reads to wait behind (see
-# ``cuda_stream``).
-_STORE_CS_SRC = ("__forceinline__ __device__ void tvmpipe_store_cs(void* dst, const void* src) "
-                 "{ __stcs((uint4*)dst, *(const uint4*)src); }")
-
-
 def _split_src(kernel: str, blocks: int) -> str:
     """The rendezvous helpers of one kernel (``kernel`` names it: kernels alike share them, one launch at a time)."""
     return _SPLIT_SRC.replace("ID", kernel).replace("BLOCKS", str(blocks)).replace("WAIT_NS", str(SPLIT_WAIT_NS))
@@ -211,7 +204,7 @@ def stream_vectors(cols: int, vec: int) -> int:
 
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
-                chunks: int = 1, kept_exp: bool = True, evict_first: bool = False):
+                chunks: int = 1, kept_exp: bool = True):
     """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
     (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
     online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
@@ -298,19 +291,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     @T.macro
     def move(xv, flat, r, it, tx, load):
         """Step ``it``'s vectors between the flat tensor and xv: ``load``: xv <- x, elements that are not this row's
-        -inf (and not read); else y <- xv, the row's elements only (``evict_first``: whole vectors as evict-first)."""
+        -inf (and not read); else y <- xv, the row's elements only."""
         for u in T.unroll(U):
             if live(it, u):
                 if whole(r, it, u, tx):
-                    if not load and evict_first:
-                        T.evaluate(T.cuda.func_call("tvmpipe_store_cs", flat.ptr_to([start(r, it, u, tx)]),
-                                                    xv.ptr_to([u, 0]), source_code=_STORE_CS_SRC))
-                    else:
-                        for v in T.vectorized(V):
-                            if load:
-                                xv[u, v] = flat[start(r, it, u, tx) + v]
-                            else:
-                                flat[start(r, it, u, tx) + v] = xv[u, v]
+                    for v in T.vectorized(V):
+                        if load:
+                            xv[u, v] = flat[start(r, it, u, tx) + v]
+                        else:
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
                 else:
                     for v in T.unroll(V):
                         if load:

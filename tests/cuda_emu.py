@@ -424,8 +424,8 @@ def _helpers(preamble: str) -> str:
                         f"{str(trans[-1] == '1').lower()}); }}")
         elif name == "tvmpipe_ex2":  # ex2.approx.ftz.f32: results below 2^-126 flush to 0
             defs.append("static inline float tvmpipe_ex2(float x) { float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }")
-        elif name in ("tvmpipe_copy16", "tvmpipe_store_cs"):  # (an evict-first store: a store)
-            defs.append(f"static inline void {name}(void* d, const void* s) {{ std::memcpy(d, s, 16); }}")
+        elif name == "tvmpipe_copy16":
+            defs.append("static inline void tvmpipe_copy16(void* d, const void* s) { std::memcpy(d, s, 16); }")
         elif m := re.fullmatch(r"tvmpipe_split_(\w+)_(tag|arrive|publish|take)", name):  # a split's rendezvous
             # (seqlock slots and a launch counter in static memory); blocks run one after another here, so what is
             # not there yet never comes

@@ -109,8 +109,7 @@ def test_cuda_warp_definition_on_cpu(rng):
 #   (4096 in 5), more chunks than threads (40 > 32, merged in two turns), rows ending mid-vector, the rows of -inf
 #   and NaN (7 rows), chunks of several steps some of them cached in shared memory;
 # - bfloat16 resident, streamed and split;
-# on rows holding the special values; with evict-first output stores where an even number of steps is cached (both
-# store paths covered).
+# on rows holding the special values.
 STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1, 1), (5, 1023, "float16", 32, 1, 2, 1),
                 (12, 50, "float32", 32, 4, 5, 1), (3, 4096, "float16", 96, 2, 0, 1), (3, 3000, "float32", 64, 1, 3, 1),
                 (3, 2560, "float16", 64, 4, 1, 1),
@@ -124,7 +123,7 @@ STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1
 @pytest.mark.parametrize("kind", S.KINDS)
 def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, cached, chunks, kind):
     vec = 16 // np.dtype(dtype).itemsize
-    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks, evict_first=cached % 2 == 0)
+    plan = S.CudaPlan(lanes, vec, per_thread, cache="l2", cached=cached, chunks=chunks)
     func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
@@ -142,19 +141,6 @@ def test_kernel_macros_expand_without_stack_inspection(monkeypatch):
     monkeypatch.setattr(inspect, "getouterframes", lambda *a, **k: calls.append(1) or getouterframes(*a, **k))
     func = softmax_tir.cuda_stream(3, 2560, "float16", "softmax", 32, 8, 1, cached=1)
     assert "tvmpipe_copy16" in func.script() and len(calls) <= 2, len(calls)
-
-
-def test_one_wave_streamed_rows_store_evict_first():
-    """The streamed plans whose blocks all run in one wave store their output evict-first (``st.global.cs``), so
-    that L2 writes it back while the kernel runs; plans of several waves (whose other blocks' reads would contend)
-    and rows held in registers store plainly."""
-    for rows, cols, dtype, first in ((128, 131072, "float16", True), (16, 1 << 20, "float32", True),
-                                     (1024, 32768, "float16", False), (4096, 50257, "float32", False),
-                                     (4096, 4096, "float32", False), (8, 128256, "float32", False)):
-        plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-        assert plan.evict_first == first, (rows, cols, dtype, plan)
-        script = S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod.script()
-        assert ("tvmpipe_store_cs" in script) == first, (rows, cols, dtype)
 
 
 def test_cuda_stream_plan_choice():

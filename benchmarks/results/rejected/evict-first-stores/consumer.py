@@ -1,5 +1,9 @@
 """Device: a softmax followed by a kernel that reads its output (y.max(), like a sampler's pass), plain against
-evict-first output stores; each pair timed back to back (20 pairs), rounds in random order."""
+evict-first output stores; each pair timed back to back (20 pairs), rounds in random order.
+
+Reproduce (the experiment of commit 2e2217d): ``benchmarks/softmax_phases.py --build`` at that commit into
+``build/gpu/softmax-phases`` and at its parent into ``build/gpu/softmax-phases-base``; this script in ``build/proto/``;
+then on the GPU machine (CuPy) ``python build/proto/consumer.py OUT_DIR``."""
 import json, os, random, sys
 import cupy as cp
 import numpy as np
