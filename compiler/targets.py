@@ -50,7 +50,7 @@ class TargetInfo:
         return tvm.target.Target(self.spec)
 
     def isa_summary(self) -> str:
-        """e.g. 'znver5, AVX-512, 2 cores' or 'sm_90'."""
+        """e.g. 'znver5, AVX-512, 2 cores' or 'sm_90a, 132 SMs'."""
         if self.is_gpu:
             return f"{self.arch or 'cuda'}, {self.sms} SMs" if self.sms else self.arch or "cuda"
         isa = next((n for n in _ISA_NAMES if n in self.cpu_features), "scalar")
