@@ -1,7 +1,8 @@
 """Check that a cuda-sm90 package built on a machine without a GPU loads and runs on one with TVM's
-runtime only, with no CUDA compiler involved, and matches onnxruntime.
+runtime only, with no CUDA compiler involved, and matches onnxruntime; and that a package planned for another
+SM count (a target file saying ``"sms": 114``, an H100 PCIe's) warns at load and still computes right.
 
-    python benchmarks/gpu_package_check.py --build            # here: build/gpu/demo-cuda-sm90.tvmpkg
+    python benchmarks/gpu_package_check.py --build            # here: build/gpu/demo-cuda-sm90.tvmpkg, softmax-114sm
     python benchmarks/gpu_package_check.py --run --out DIR    # GPU machine (runtime pack only)
 
 ``--run`` replaces TVM's load-time CUDA compile hook with one that fails, so a package that still held
@@ -14,6 +15,7 @@ import argparse
 import json
 import platform
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +25,24 @@ sys.path.insert(0, str(REPO))
 BUILD = REPO / "build" / "gpu"
 PKG = BUILD / "demo-cuda-sm90.tvmpkg"
 MODEL = REPO / "models" / "demo.onnx"
+# A softmax of 8 rows of 256K, split over blocks that must all be resident, planned for 114 SMs
+SM_PKG, SM_SHAPE, SM_PLANNED = BUILD / "softmax-114sm.tvmpkg", (8, 1 << 18), 114
 
 
 def build() -> None:
+    from onnx import TensorProto, helper, save
+
     from compiler.pipeline import compile_model
 
     manifest = compile_model(MODEL, "cuda-sm90", PKG, {"image": (2, 3, 32, 32)})
     print(f"built {PKG} ({PKG.stat().st_size} bytes): {manifest['gpu_code']}")
+    target, model = BUILD / f"cuda-sm90-{SM_PLANNED}sm.json", BUILD / "softmax.onnx"
+    target.write_text(json.dumps({**json.loads((REPO / "targets" / "cuda-sm90.json").read_text()), "sms": SM_PLANNED}))
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, SM_SHAPE) for n in "xy")
+    save(helper.make_model(helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "softmax", [x], [y]),
+                           opset_imports=[helper.make_opsetid("", 17)]), model)
+    manifest = compile_model(model, str(target), SM_PKG)
+    print(f"built {SM_PKG} for {manifest['target']['summary']}")
 
 
 def run(out: Path) -> None:
@@ -68,10 +81,24 @@ def run(out: Path) -> None:
         "max_abs_err_vs_onnxruntime": max(r["max_abs_err"] for r in results),
         "correct": all(r["max_rel_err"] <= 1e-4 for r in results),
         "latency": timing,
+        "sm_count": sm_count_check(load, rng, torch.cuda.get_device_properties(0).multi_processor_count),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "package-check-h200.json").write_text(json.dumps(record, indent=2))
     print(json.dumps(record, indent=2))
+
+
+def sm_count_check(load, rng: np.random.Generator, device_sms: int) -> dict:
+    """The package planned for SM_PLANNED SMs: the warnings its load gives, and its error against float64."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        runner = load(str(SM_PKG))
+    x = rng.standard_normal(SM_SHAPE).astype(np.float32) * 4
+    ref = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    ref /= ref.sum(axis=1, keepdims=True)
+    err = float(np.abs(runner(x=x)["y"] - ref).max())
+    return {"planned_sms": SM_PLANNED, "device_sms": device_sms, "warnings": [str(w.message) for w in got],
+            "max_abs_err_vs_float64": err, "correct": err <= 1e-6}
 
 
 if __name__ == "__main__":
