@@ -1,6 +1,11 @@
 // Prototype (experiment, not shipped): float16 softmax of 128 x 131072, each block holding two half rows of two
 // different rows (A: rows 0-63, B: rows 64-127), a cluster of 2 blocks sharing both rows, exchanging half-row
 // (max, sum) through distributed shared memory. A is written while B's loads are still in flight.
+// B_AFTER: how many of A's two steps are in before B's loads are issued (0: all issued at once). The runs:
+// halves.cubin -DB_AFTER=0, halves3.cubin -DB_AFTER=1, halves2.cubin -DB_AFTER=2.
+#ifndef B_AFTER
+#define B_AFTER 0
+#endif
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
@@ -85,14 +90,21 @@ halves(const __half* __restrict__ x, __half* __restrict__ y, unsigned long long*
   const __half* xb = x + (size_t)(64 + k) * COLS + rank * HALF + tid * 8;
   __half* ya = y + (size_t)k * COLS + rank * HALF + tid * 8;
   __half* yb = y + (size_t)(64 + k) * COLS + rank * HALF + tid * 8;
-  // everything requested at once: A's two steps, B's first (shared memory), B's second (registers)
+  // A's two steps, then B's (its first step to shared memory, its second to registers) after B_AFTER of A's
 #pragma unroll
-  for (int st = 0; st < 3; ++st) {
-    const __half* src = st < 2 ? xa + st * 4 * NT * 8 : xb;
+  for (int st = 0; st < 2; ++st) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) cp16(&sm[(st * 4 + u) * NT + tid], src + (size_t)u * NT * 8);
+    for (int u = 0; u < 4; ++u) cp16(&sm[(st * 4 + u) * NT + tid], xa + (size_t)(st * 4 + u) * NT * 8);
     commit();
   }
+#if B_AFTER == 1
+  wait_groups<1>();
+#elif B_AFTER == 2
+  wait_groups<0>();
+#endif
+#pragma unroll
+  for (int u = 0; u < 4; ++u) cp16(&sm[(8 + u) * NT + tid], xb + (size_t)u * NT * 8);
+  commit();
   uint4 rb[4];
 #pragma unroll
   for (int u = 0; u < 4; ++u) rb[u] = *reinterpret_cast<const uint4*>(xb + (size_t)(4 + u) * NT * 8);
@@ -101,7 +113,11 @@ halves(const __half* __restrict__ x, __half* __restrict__ y, unsigned long long*
   uint4 r[4];
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
+#if B_AFTER == 0
     if (st == 0) wait_groups<2>(); else wait_groups<1>();
+#elif B_AFTER == 1
+    if (st == 1) wait_groups<1>();
+#endif
 #pragma unroll
     for (int u = 0; u < 4; ++u) r[u] = sm[(st * 4 + u) * NT + tid];
     ms[st] = absorb(r, m, s);

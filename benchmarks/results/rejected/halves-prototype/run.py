@@ -1,9 +1,10 @@
 """Device: the half-rows prototype against the rule's stamped kernel and a memcpy, float16 128 x 131072.
 
-Reproduce (the experiment of commit 1d3e5cc): in this folder, ``nvcc -arch=sm_90a -cubin -O3 -o halvesN.cubin
-halvesN.cu``; the rule's stamped kernel from ``benchmarks/softmax_phases.py --build`` copied here as ``rule.cubin``
+Reproduce (the experiment of commit 1d3e5cc): in this folder, ``nvcc -arch=sm_90a -cubin -O3 -DB_AFTER=B -o
+NAME.cubin halves.cu`` for the three issue orders (NAME, B: halves 0, halves3 1, halves2 2); the rule's stamped
+kernel from ``benchmarks/softmax_phases.py --build`` copied here as ``rule.cubin``
 (``build/gpu/softmax-phases/float16_128x131072.cubin``); then on the GPU machine (CuPy)
-``python run.py OUT_DIR halvesN.cubin``."""
+``python run.py OUT_DIR NAME.cubin``."""
 import json, os, random, sys
 import cupy as cp
 import numpy as np
