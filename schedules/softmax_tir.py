@@ -81,51 +81,49 @@ def canonical(rows: int, cols: int, dtype: str, kind: str):
 # The split's rendezvous: the blocks of a row, all resident (the plan keeps rows x chunks <= SMs), exchange partials
 # through slots in static device memory of their kernel (zeroed when the module loads, written by nobody else). A
 # block publishes its (max, sum) tagged with the launch's epoch (launches counted by their blocks' arrivals on a
-# static counter: CUDA graph replays too, whose %gridid repeats) and its input's address, and reads its row's others
-# like a seqlock (tag, data, tag again). A slot of an earlier launch has an older epoch; one of a launch on another
-# stream that overlaps this one (their arrivals interleave, so their epochs may coincide) holds the partial of the
-# same chunk of the same input if its tag matches, else this launch's blocks time out.
-# Waiting ends after SPLIT_WAIT_NS: the block then reads its whole row itself.
+# static counter: CUDA graph replays too, whose %gridid repeats) and its input's address, data and tag in one 16-byte
+# store, and reads its row's others with 16-byte loads until the tag is this launch's. PTX's .b128 accesses are
+# single-copy atomic (libcu++ builds its 16-byte atomics on them), so a slot is read whole or not at all, with no
+# fence on either side. (It replaced a seqlock of 64-bit words: two fences to publish, three dependent loads to take.
+# With it, ``exchange`` in ``cuda_stream`` lets as few warps as the partials need take and merge them, behind one
+# barrier. H200, against the seqlock in the same run: 16 x 1M float16 / float32 1.10x / 1.07x, the few-rows splits
+# 1.06-1.15x.) A slot of an
+# earlier launch has an older epoch; one of a launch on another stream that overlaps this one (their arrivals
+# interleave, so their epochs may coincide) holds the partial of the same chunk of the same input if its tag matches,
+# else this launch's blocks time out. Waiting ends after SPLIT_WAIT_NS: the block then reads its whole row itself.
 SPLIT_WAIT_NS = 200_000
 _SPLIT_SRC = r"""
 #ifndef TVMPIPE_SPLIT_ID
 #define TVMPIPE_SPLIT_ID
 __device__ unsigned long long tvmpipe_split_ID_count;
-__device__ unsigned long long tvmpipe_split_ID_slots[2 * BLOCKS];  // per block: (max, sum) bits, tag
+__device__ __align__(16) unsigned long long tvmpipe_split_ID_slots[2 * BLOCKS];  // per block: (max, sum) bits, tag
 __forceinline__ __device__ unsigned long long tvmpipe_split_ID_tag(unsigned long long epoch, const void* x) {
-  // never 0, the tag of a slot being written
+  // never 0, the tag of a slot never written
   return ((epoch + 1ull) * 0x9E3779B97F4A7C15ull ^ (unsigned long long)x * 0xC2B2AE3D27D4EB4Full) | 1ull;
 }
 // This launch's epoch (each of its blocks arrives once).
 __forceinline__ __device__ unsigned long long tvmpipe_split_ID_arrive() {
   return atomicAdd(&tvmpipe_split_ID_count, 1ull) / BLOCKSull;
 }
-// Block b's (max, sum) of input x for launch ``epoch``: tag 0, data, tag, each store ordered after the one before.
+// Block b's (max, sum) of input x for launch ``epoch``, with its tag, in one store.
 __forceinline__ __device__ void tvmpipe_split_ID_publish(int b, unsigned long long epoch, const void* x, float m,
                                                          float s) {
-  unsigned long long* slot = tvmpipe_split_ID_slots + 2 * b;
   unsigned long long d = __float_as_uint(m) | (unsigned long long)__float_as_uint(s) << 32;
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(0ull) : "memory");
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot), "l"(d) : "memory");
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(slot + 1), "l"(tvmpipe_split_ID_tag(epoch, x)) : "memory");
+  asm volatile("{ .reg .b128 v; mov.b128 v, {%1, %2}; st.relaxed.gpu.global.b128 [%0], v; }"
+               :: "l"(tvmpipe_split_ID_slots + 2 * b), "l"(d), "l"(tvmpipe_split_ID_tag(epoch, x)) : "memory");
 }
-// 1 and block b's (max, sum) of input x for launch ``epoch`` in (m, s) once published (tag, data, the tag again
-// unchanged); 0 after WAIT_NS ns without.
+// 1 and block b's (max, sum) of input x for launch ``epoch`` in (m, s) once published; 0 after WAIT_NS ns without.
 __forceinline__ __device__ int tvmpipe_split_ID_take(int b, unsigned long long epoch, const void* x, float* m,
                                                      float* s) {
-  unsigned long long* slot = tvmpipe_split_ID_slots + 2 * b;
   unsigned long long want = tvmpipe_split_ID_tag(epoch, x), t0, t, tag, d;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   while (true) {
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(tag) : "l"(slot + 1) : "memory");
+    asm volatile("{ .reg .b128 v; ld.relaxed.gpu.global.b128 v, [%2]; mov.b128 {%0, %1}, v; }"
+                 : "=l"(d), "=l"(tag) : "l"(tvmpipe_split_ID_slots + 2 * b) : "memory");
     if (tag == want) {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(d) : "l"(slot) : "memory");
-      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(tag) : "l"(slot + 1) : "memory");
-      if (tag == want) {
-        *m = __uint_as_float((unsigned)d);
-        *s = __uint_as_float((unsigned)(d >> 32));
-        return 1;
-      }
+      *m = __uint_as_float((unsigned)d);
+      *s = __uint_as_float((unsigned)(d >> 32));
+      return 1;
     }
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (t - t0 > WAIT_NSull) return 0;
@@ -139,6 +137,11 @@ __forceinline__ __device__ int tvmpipe_split_ID_take(int b, unsigned long long e
 # barrier insertion, which cannot tell that no other thread reads them, does not stop the block there.
 _COPY16_SRC = ("__forceinline__ __device__ void tvmpipe_copy16(void* dst, const void* src) "
                "{ *(uint4*)dst = *(const uint4*)src; }")
+
+
+# Whether a predicate holds in every lane of the warp (a call: TVM has no warp vote; one name, one source for all
+# kernels of a module).
+_ALL_SRC = "__forceinline__ __device__ int tvmpipe_all(int p) { return __all_sync(0xFFFFFFFFu, p); }"
 
 
 def _split_src(kernel: str, blocks: int) -> str:
@@ -226,17 +229,18 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       half the exponentials per byte and the same extra shared-memory store, -2 to +0.4 %, so it recomputes.
     - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): still one kernel, with no more blocks than
       the SMs hold at once. Each block does pass 1 over its chunk (cached like a row), publishes its (max, sum),
-      takes its row's others (``_SPLIT_SRC``), merges them like the block merges its threads' and does pass 2 on its
-      chunk, still on chip: one read from memory where the two kernels this replaces read twice (their second
-      read came from DRAM, even for 32 MB). A block whose row's partials do not all come within ``SPLIT_WAIT_NS``
-      (its row's blocks not all resident) reads the whole row itself, so it stays correct, if slow, on a GPU
-      with fewer SMs than planned for.
+      takes its row's others (``_SPLIT_SRC``; as few warps as they need, a lane per chunk, merged in registers,
+      behind one barrier: ``exchange``) and does pass 2 on its chunk, still on chip: one read from memory where the two kernels
+      this replaces read twice (their second read came from DRAM, even for 32 MB). A block whose row's partials do
+      not all come within ``SPLIT_WAIT_NS`` (its row's blocks not all resident) reads the whole row itself, so it
+      stays correct, if slow, on a GPU with fewer SMs than planned for.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
     element by element. A step's groups of vectors that lie wholly past the row are skipped (block-uniform).
     """
     L, V, U, W, P = lanes, vec, per_thread, lanes // 32, chunks
+    TW = min(W, -(-P // 32))  # split: warps that take the row's partials, a lane each (in turns if fewer)
     assert L % 32 == 0 and L <= 1024, L
     touched = stream_vectors(cols, V)
     steps = -(-touched // (P * L * U))  # per chunk
@@ -458,38 +462,51 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 move(xv, yf, r, it, tx, False)
 
     @T.macro
-    def exchange(st, xs, ev, sync, tick, xf, r, b, tx):
-        """(st[0], st[1]) <- row r's (max, sum) from the block's own (st[0], st[1]) over its chunk: published for
-        this launch, the row's chunks' partials taken (threads < P, one partial each) and merged. A partial that does
-        not come within ``SPLIT_WAIT_NS`` (blocks not all resident: a smaller GPU, a busy one) makes the block read
-        the whole row itself instead."""
-        if tx == 0:
-            T.evaluate(T.cuda.func_call(f"tvmpipe_split_{name}_publish", b, tick[0], xf.data, st[0], st[1],
-                                        source_code=split_src))
-            sync[0] = tick[0]
-            sync[1] = T.uint64(1)
+    def exchange(st, xs, ev, red, xch, came, epoch, tick, xf, r, b, tx):
+        """(st[0], st[1]) <- row r's (max, sum), in every thread, from the block's (st[0], st[1]) over its chunk (the
+        same in every thread; the launch's epoch in epoch[0]): published for this launch, then the first ``TW`` warps
+        alone take the row's chunks' partials (a lane each, its own block's too, in turns if the block has fewer
+        threads), merge them with shuffles and hand them to the block through shared memory, behind one barrier. A
+        partial that does not come within ``SPLIT_WAIT_NS`` (blocks not all resident: a smaller GPU, a busy one) makes
+        the block read the whole row itself instead."""
+        if tx < TW * 32:
+            tick[0] = epoch[0]
+            if tx == 0:
+                T.evaluate(T.cuda.func_call(f"tvmpipe_split_{name}_publish", b, tick[0], xf.data, st[0], st[1],
+                                            source_code=split_src))
+            st[0] = neg_inf
+            st[1] = T.float32(0)
+            tick[1] = T.uint64(1)
+            for k in T.serial(-(-P // (TW * 32))):
+                if k * TW * 32 + tx < P:
+                    if T.cuda.func_call(f"tvmpipe_split_{name}_take", r * P + k * TW * 32 + tx, tick[0], xf.data,
+                                        st.ptr_to([2]), st.ptr_to([3]), source_code=split_src, return_type="int32") != 0:
+                        combine(st)
+                    else:
+                        tick[1] = T.uint64(0)
+            butterfly(st, min(5, (P - 1).bit_length()))
+            tick[1] = T.Cast("uint64", T.cuda.func_call("tvmpipe_all", tick[1] != T.uint64(0), source_code=_ALL_SRC,
+                                                         return_type="int32"))
+            if tx % 32 == 0:
+                xch[0, tx // 32] = st[0]
+                xch[1, tx // 32] = st[1]
+                came[tx // 32] = tick[1]
         T.tvm_storage_sync("shared")
-        tick[0] = sync[0]
-        tick[1] = T.uint64(1)
-        st[0] = neg_inf
-        st[1] = T.float32(0)
-        for k in T.serial(-(-P // L)):
-            if k * L + tx < P:
-                if T.cuda.func_call(f"tvmpipe_split_{name}_take", r * P + k * L + tx, tick[0], xf.data,
-                                    st.ptr_to([2]), st.ptr_to([3]), source_code=split_src, return_type="int32") != 0:
-                    combine(st)
-                else:
-                    tick[1] = T.uint64(0)
-        if tick[1] == T.uint64(0):
-            sync[1] = T.uint64(0)
-        T.tvm_storage_sync("shared")
-        tick[1] = sync[1]
+        st[0] = xch[0, 0]
+        st[1] = xch[1, 0]
+        tick[1] = came[0]
+        for w in T.unroll(1, TW):
+            st[2] = xch[0, w]
+            st[3] = xch[1, w]
+            combine(st)
+            tick[1] = tick[1] & came[w]
         if tick[1] == T.uint64(0):  # (the same in every thread)
             st[0] = neg_inf
             st[1] = T.float32(0)
             for it in T.serial(P * steps):
                 move(xs, xf, r, it, tx, True)
                 absorb(xs, ev, st, it, False)
+            merge(st, red, tx)
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
@@ -510,17 +527,22 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                     ms = T.alloc_buffer((C,) if kept16 and C > 0 else (1,), f32, scope="local")  # max after each cached step
                     red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
                     keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
-                    sync = T.alloc_buffer((2,), "uint64", scope="shared.dyn")  # split: epoch, all partials came
-                    tick = T.alloc_buffer((2,), "uint64", scope="local")  # the same, the thread's
+                    # split: the taking warps' (max, sum), whether all their partials came, the launch's epoch (static
+                    # shared memory, which TVM's barrier planning tells apart from the dynamic: no extra barriers)
+                    xch = T.alloc_buffer((2, TW), f32, scope="shared")
+                    came = T.alloc_buffer((TW,), "uint64", scope="shared")
+                    epoch = T.alloc_buffer((1,), "uint64", scope="shared")
+                    tick = T.alloc_buffer((2,), "uint64", scope="local")  # split: the epoch; whether all came
                     if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
                         tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
                                                    return_type="uint64")
                     pass1(xv, xs, ev, st, ms, keep, xf, b // P, b % P, tx)
                     st[5] = st[0]
+                    if P > 1 and tx == 0:  # (for the taking warps, behind the block merge's barriers)
+                        epoch[0] = tick[0]
                     merge(st, red, tx)
                     if P > 1:
-                        exchange(st, xs, ev, sync, tick, xf, b // P, b, tx)
-                        merge(st, red, tx)
+                        exchange(st, xs, ev, red, xch, came, epoch, tick, xf, b // P, b, tx)
                     pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
 
     return func

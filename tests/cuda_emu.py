@@ -106,6 +106,22 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width)
   warp_sync();
   return r;
 }
+template <typename T> static inline T __shfl_sync(unsigned, T v, int src_lane, int width) {
+  int t = threadIdx.x, lane = t % 32;
+  std::memcpy(&emu_slots[t][0], &v, sizeof(T));
+  warp_sync();
+  T r; std::memcpy(&r, &emu_slots[(t - lane) + (src_lane % width + lane / width * width)][0], sizeof(T));
+  warp_sync();
+  return r;
+}
+static inline int __all_sync(unsigned, int p) {  // (full warps only)
+  int t = threadIdx.x, all = 1;
+  emu_slots[t][0] = p != 0;
+  warp_sync();
+  for (int l = 0; l < 32; ++l) all &= emu_slots[t - t % 32 + l][0];
+  warp_sync();
+  return all;
+}
 // ldmatrix.m8n8.xN.b16: threads 8i..8i+7 give the row addresses of matrix i; lane l gets matrix i's
 // elements (l/4, 2(l%4)..+1), or with .trans (2(l%4)..+1, l/4), packed in register i.
 static void emu_ldmatrix(bool trans, int num, unsigned addr, unsigned** out) {
@@ -424,10 +440,12 @@ def _helpers(preamble: str) -> str:
                         f"{str(trans[-1] == '1').lower()}); }}")
         elif name == "tvmpipe_ex2":  # ex2.approx.ftz.f32: results below 2^-126 flush to 0
             defs.append("static inline float tvmpipe_ex2(float x) { float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }")
+        elif name == "tvmpipe_all":
+            defs.append("static inline int tvmpipe_all(int p) { return __all_sync(0xFFFFFFFFu, p); }")
         elif name == "tvmpipe_copy16":
             defs.append("static inline void tvmpipe_copy16(void* d, const void* s) { std::memcpy(d, s, 16); }")
         elif m := re.fullmatch(r"tvmpipe_split_(\w+)_(tag|arrive|publish|take)", name):  # a split's rendezvous
-            # (seqlock slots and a launch counter in static memory); blocks run one after another here, so what is
+            # (tagged slots and a launch counter in static memory); blocks run one after another here, so what is
             # not there yet never comes
             kernel, fn = m.groups()
             blocks = int(re.search(rf"tvmpipe_split_{kernel}_slots\[2 \* (\d+)\]", preamble).group(1))
@@ -479,6 +497,8 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     params = [p.strip().rsplit(" ", 1) for p in head.group(1).split(",")]
     kernel = source[head.start() : _balanced(source, head.end() - 1, "{}")].replace('extern "C" ', "").replace("__align__(64)", "alignas(64)")
     kernel = re.sub(r"extern __shared__ alignas\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_smem;", kernel)
+    # static shared arrays: one for all threads (the blocks run one at a time)
+    kernel = re.sub(r"__shared__ (alignas\(\d+\)) (\w+ \w+\[\d+\];)", r"\1 static \2", kernel)
     # a thread's local arrays (registers on the GPU) start as garbage, not as the zeros a fresh C++ stack often holds,
     # so a kernel that reads one before writing it fails here too
     kernel = re.sub(r"^(\s*)(alignas\(\d+\) \w+ (\w+)\[\d+\];)", r"\1\2 std::memset(\3, 0xA5, sizeof(\3));", kernel,

@@ -106,7 +106,8 @@ def test_cuda_warp_definition_on_cpu(rng):
 #   and (8 and 7 rows) the rows of -inf and of NaN, which its per-thread exp factor must keep NaN;
 # - split into chunks (the emulator runs blocks one after another, last first: a row's first block takes the partials
 #   published by the others, which, finding some missing, read the whole row themselves): a last chunk wholly past the row
-#   (4096 in 5), more chunks than threads (40 > 32, merged in two turns), rows ending mid-vector, the rows of -inf
+#   (4096 in 5), more chunks than threads (40 > 32, taken in two turns), more than a warp takes (40 > 32: two warps
+#   merge theirs), rows ending mid-vector, the rows of -inf
 #   and NaN (7 rows), chunks of several steps some of them cached in shared memory;
 # - bfloat16 resident, streamed and split;
 # on rows holding the special values.
@@ -115,7 +116,7 @@ STREAM_CASES = [(4, 1025, "float32", 64, 2, 0, 1), (4, 1025, "float32", 64, 2, 1
                 (3, 2560, "float16", 64, 4, 1, 1),
                 (8, 300, "float32", 64, 4, 0, 1), (3, 4096, "float16", 128, 4, 0, 1), (4, 1025, "float32", 96, 4, 0, 1),
                 (3, 4096, "float16", 32, 2, 0, 5), (2, 3000, "float32", 32, 1, 0, 40), (7, 1025, "float16", 64, 2, 0, 3),
-                (3, 4096, "float16", 32, 1, 2, 4), (5, 1023, "float32", 32, 2, 1, 3),
+                (3, 4096, "float16", 32, 1, 2, 4), (5, 1023, "float32", 32, 2, 1, 3), (2, 9000, "float16", 64, 1, 0, 40),
                 (7, 1025, "bfloat16", 96, 4, 0, 1), (3, 3000, "bfloat16", 64, 1, 2, 1), (3, 4096, "bfloat16", 32, 2, 0, 5)]
 
 
@@ -200,6 +201,12 @@ def test_cuda_source_structure(rows, cols, dtype, regime):
         kept = plan.cache == "l2" and plan.cached > 0 and plan.kept_exp and dtype != "float32"
         assert ("tvmpipe_copy16(" in body) == kept
         assert plan.cache != "l2" or plan.kept_exp == (rows * plan.chunks <= 132)  # (streamed: one wave of blocks)
+        if regime == "split":  # the rendezvous: 16-byte slots and no fences; one barrier from publishing to the row's
+            # (max, sum) in every thread (the fallback's barriers after it)
+            assert "st.relaxed.gpu.global.b128" in src and "ld.relaxed.gpu.global.b128" in src
+            assert "release" not in src and "acquire" not in src
+            exchange = body[body.index("_publish("):body.index("if (tick_ptr[1] == (uint64_t)0ULL)")]
+            assert exchange.count("__syncthreads()") == 1 and "_take(" in exchange
     vector = "float4" if dtype == "float32" else "uint4"
     x, y = ("x", "y") if regime == "warp" else ("xf", "yf")  # (the block kernel's flat views)
     assert f"*({vector}*)({x}_ptr" in src and f"*({vector}*)({y}_ptr" in src
