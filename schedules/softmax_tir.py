@@ -87,10 +87,10 @@ def canonical(rows: int, cols: int, dtype: str, kind: str):
 # fence on either side. (It replaced a seqlock of 64-bit words: two fences to publish, three dependent loads to take.
 # With it, ``exchange`` in ``cuda_stream`` lets as few warps as the partials need take and merge them, behind one
 # barrier. H200, against the seqlock in the same run: 16 x 1M float16 / float32 1.10x / 1.07x, the few-rows splits
-# 1.06-1.15x.) A slot of an
-# earlier launch has an older epoch; one of a launch on another stream that overlaps this one (their arrivals
-# interleave, so their epochs may coincide) holds the partial of the same chunk of the same input if its tag matches,
-# else this launch's blocks time out. Waiting ends after SPLIT_WAIT_NS: the block then reads its whole row itself.
+# 1.06-1.15x.) A slot of an earlier launch has an older epoch; one of a launch on another stream that overlaps this
+# one (their arrivals interleave, so their epochs may coincide) holds the partial of the same chunk of the same input
+# if its tag matches, else this launch's blocks time out. Waiting ends after SPLIT_WAIT_NS: the block then reads its
+# whole row itself.
 SPLIT_WAIT_NS = 200_000
 _SPLIT_SRC = r"""
 #ifndef TVMPIPE_SPLIT_ID
@@ -230,10 +230,10 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     - ``chunks`` > 1 (few rows: a block per row would leave SMs idle): still one kernel, with no more blocks than
       the SMs hold at once. Each block does pass 1 over its chunk (cached like a row), publishes its (max, sum),
       takes its row's others (``_SPLIT_SRC``; as few warps as they need, a lane per chunk, merged in registers,
-      behind one barrier: ``exchange``) and does pass 2 on its chunk, still on chip: one read from memory where the two kernels
-      this replaces read twice (their second read came from DRAM, even for 32 MB). A block whose row's partials do
-      not all come within ``SPLIT_WAIT_NS`` (its row's blocks not all resident) reads the whole row itself, so it
-      stays correct, if slow, on a GPU with fewer SMs than planned for.
+      behind one barrier: ``exchange``) and does pass 2 on its chunk, still on chip: one read from memory where the
+      two kernels this replaces read twice (their second read came from DRAM, even for 32 MB). A block whose row's
+      partials do not all come within ``SPLIT_WAIT_NS`` (its row's blocks not all resident) reads the whole row
+      itself, so it stays correct, if slow, on a GPU with fewer SMs than planned for.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
