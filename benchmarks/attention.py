@@ -81,8 +81,9 @@ class Case:
         (cp.async from every thread; causal up to 4096 rows with per-warpgroup diagonals); and the rule's TMA
         kernel with 2 computing warpgroups in ping-pong (``p``) or not, with 2 stages, with 2 computing warpgroups
         instead of 3 or 3 instead of 2 (d128: of 64-key tiles), and persistent (``P``) or not, whichever the rule
-        did not pick (persistent: also with one Q buffer; not: without ping-pong), and without its peeled last key
-        tile (``TileConfig.peel``). The correctness cases check the
+        did not pick (persistent: also with one Q buffer, and with the next item's first S carried or not, whichever
+        the rule did not pick, ``TileConfig.carry``; not: without ping-pong), and without its peeled last key tile
+        (``TileConfig.peel``). The correctness cases check the
         rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
                                              wgmma_config)
@@ -103,10 +104,12 @@ class Case:
                       replace(chosen, warps=12 if chosen.warps == 8 else 8, bn=128 if self.head_dim <= 64 else 64,
                               q_bufs=1, pingpong=False)]
             if chosen.persistent:
-                other += [replace(chosen, persistent=0, q_bufs=1, pingpong=False), replace(chosen, q_bufs=1)]
+                other += [replace(chosen, persistent=0, q_bufs=1, pingpong=False, carry=False), replace(chosen, q_bufs=1)]
             else:
                 other.append(replace(chosen, persistent=SMS["sm_90"]))
-            other.append(replace(chosen, peel=False))  # the last key tile in the loop (``z``)
+            other.append(replace(chosen, peel=False, carry=False))  # the last key tile in the loop (``z``)
+            if chosen.persistent:  # the next item's first S carried behind the last P·V (``c``), or not
+                other.append(replace(chosen, carry=not chosen.carry))
         return [c for c in other if c != chosen]
 
 

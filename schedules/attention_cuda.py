@@ -55,7 +55,8 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
   the two computing warpgroups take turns issuing their GEMMs (named barriers). Persistent (``persistent``): one
   CTA per SM loops over the (query tile, head, batch) items; the K/V ring runs on across items, so the producer
   loads the next item's first tiles (and Q, once the computing warps release its buffer, or into a second buffer)
-  while this item's last tiles and epilogue run, and the epilogue stores O from the registers;
+  while this item's last tiles and epilogue run, and the epilogue stores O from the registers; optionally
+  (``carry``) the next item's first Q·Kᵀ is issued right behind the last P·V and runs under the epilogue;
 * without TMA, causal (``group_diag``): each warpgroup stops at its own rows' diagonal; the per-tile barrier is
   then a named barrier over the warpgroups still at that tile (and those that stopped at it), and the last
   warpgroup copies every K/V tile.
@@ -129,6 +130,9 @@ class TileConfig:
     # stale stage and drops it: 1 GEMM of 2 * n_kv + 1 wasted, 11 % at 4 key tiles); persistent: Q's buffer released
     # as soon as the item's last S is in, so that the next item's Q loads under its last softmax, P·V and epilogue
     peel: bool = True
+    # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor cores
+    # run it under the epilogue and the change of item instead of after them
+    carry: bool = False
 
     @property
     def name(self) -> str:
@@ -137,7 +141,7 @@ class TileConfig:
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
-                f"{'' if self.peel or not self.tma else 'z'}")
+                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -189,8 +193,9 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) without a causal
-    mask, causal below 2048 rows (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q buffers). Without
-    a mask, d128 in ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers below 2048 (3 warpgroups: no ping-pong).
+    mask, causal below 2048 rows (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q buffers and the
+    next item's first S carried, ``TileConfig.carry``). Without a mask, d128 in ping-pong from 2048 to 4096 rows, d64
+    with 2 Q buffers below 2048 (3 warpgroups: no ping-pong).
 
     H200, with the peeled last key tile (``TileConfig.peel``), two runs of one build (2026-12-01 19:2x, 5 rounds, and
     19:4x, 11 rounds, random order; same-run ratios): at seq 8192 persistence +6-9 % (d64) and +5 % (d128) over one CTA
@@ -199,7 +204,11 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
     persistence alone: d64 causal +3-5 %; d128 at 2048 +1-7 %, at 512 -5, 0, -3, -2 and -1 % in five runs (up
     to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in
-    four runs (1 there). The grid is the target's SM count (``common.sm_count``: a GPU with fewer SMs would run the
+    four runs (1 there). The next item's first S carried (2026-12-04, six runs, README): d64 causal at seq 512 +6 to
+    +11 % (0.84 -> 0.90-0.93 of cuDNN); without ping-pong -2-3 %; with one Q buffer (d128: two do not fit beside 3
+    stages) -4 to -17 % at seq 512, as the next item's Q, loaded only once this item's last S is in, is then waited
+    for before the epilogue instead of under it; d64 without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 %
+    longer. The grid is the target's SM count (``common.sm_count``: a GPU with fewer SMs would run the
     surplus CTAs as a second wave)."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
@@ -208,7 +217,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
     if causal:
-        return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1)
+        return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1, carry=d64)
     long = at_least(spec.seq_q, 2048)
     return replace(cfg, q_bufs=2 if d64 and not long else 1, pingpong=cfg.warps == 8 and long)
 
@@ -276,6 +285,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     PC, QB = cfg.persistent, cfg.q_bufs  # persistent CTAs (0: one per work item), Q buffers
     PS = PC > 0
     PEEL = WS and cfg.peel  # (see TileConfig.peel)
+    CARRY = PS and PEEL and cfg.carry  # (see TileConfig.carry)
     Q_OFF, K_OFF = 0, QB * BM * RS  # in one shared buffer (elements): Q buffers, K stages, V stages
     V_OFF = K_OFF + stages * BN * RS
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows (not persistent)
@@ -310,6 +320,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     assert not SW or (K_OFF * 2 % 1024, BN * RS * 2 % 1024) == (0, 0), "swizzled tiles start 1024-byte aligned"
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
+    assert not cfg.carry or CARRY, "carrying the next item's first S: a persistent kernel with the peeled last tile"
     assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -507,8 +518,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=pin_src[ctype]))
 
         @T.inline
-        def qk_wgmma(stage):
-            """Issue S = Q Kᵀ into sacc for the key tile in smem stage ``stage`` (asynchronous: one commit
+        def qk_wgmma(stage, qo):
+            """Issue S = Q Kᵀ into sacc for Q at ``qo`` and the key tile in smem stage ``stage`` (asynchronous: one commit
             group): one wgmma.m64nBN per 16 columns of d, this warpgroup's 64 query rows against all BN keys,
             both from shared memory (K-major). The pins keep other uses of the registers out of the wgmma's span."""
             pin(sacc, NS * 4, "float")
@@ -521,7 +532,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             for kk in T.unroll(KS):
                 T.ptx[wgmma.format(BN)](
                     *[sacc[i] for i in range(NS * 4)],
-                    desc(sbase[0], at(q_off, warp // 4 * 64, kk * 16, BM), *k_major),
+                    desc(sbase[0], at(qo, warp // 4 * 64, kk * 16, BM), *k_major),
                     desc(sbase[0], at(K_OFF + stage, 0, kk * 16, BN), *k_major),
                     kk > 0, 1, 1, 0, 0)
             T.ptx["wgmma.commit_group.sync.aligned"]()
@@ -638,7 +649,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             # is computed and dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the
             # in-flight groups per path and serialises every wgmma of the kernel if a branch leaves it unsure
             my_turn()  # ping-pong (FA3): both GEMMs issued in this warpgroup's turn, its softmax under the other's
-            qk_wgmma(nxt[0] * (BN * RS))
+            qk_wgmma(nxt[0] * (BN * RS), q_off)
             rescale_o()
             pv_wgmma(cur[0] * (BN * RS))
             your_turn()
@@ -658,14 +669,27 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 to_p()
 
         @T.inline
+        def first_s(qi_, fill, real):
+            """TMA: issue the first S of the item whose Q is the Q ring's fill ``qi_`` and whose first key tile is the
+            K/V ring's fill ``fill``, once both are in. Not ``real`` (past the CTA's last item, ``CARRY``): waits for
+            nothing and computes a dropped S of whatever the buffers hold, as every path issues the same wgmma."""
+            qb, kb = T.meta_var((ring(qi_, QB), ring(fill, stages)))
+            if real:
+                bar_wait(Q_FULL + qb[0], qb[1])
+                bar_wait(FULL + kb[0], kb[1])
+            qk_wgmma(kb[0] * (BN * RS), Q_OFF + qb[0] * (BM * RS))
+
+        @T.inline
         def last_tile(j):
-            """Key tile j, the item's last (``PEEL``): O rescaled and P·V, no next S to issue."""
+            """Key tile j, the item's last (``PEEL``): O rescaled and P·V; ``CARRY``: the next item's first S behind it."""
             cur = T.meta_var(ring(kv0 + j, stages))
             my_turn()
             rescale_o()
             pv_wgmma(cur[0] * (BN * RS))
+            if CARRY:
+                first_s(qi + 1, kv0 + n_kv, qi + 1 < cta_items(bx0))
             your_turn()
-            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            T.ptx["wgmma.wait_group.sync.aligned"](1 if CARRY else 0)  # (groups retire in order: P·V is done)
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             release_stage(cur[0])
@@ -830,12 +854,12 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
             if not PS:
                 first_turn()
             if WG:  # P of the first tile, then the pipeline
-                if WS:  # Q and key tile 0 are in
-                    bar_wait(Q_FULL + ring(qi, QB)[0], ring(qi, QB)[1])
-                    bar_wait(FULL + ring(kv0, stages)[0], ring(kv0, stages)[1])
+                if WS:
+                    if not CARRY:  # (carried: issued before the item, see last_tile)
+                        first_s(qi, kv0, True)
                 else:
                     arrived(1)
-                qk_wgmma(ring(kv0, stages)[0] * (BN * RS))
+                    qk_wgmma(ring(kv0, stages)[0] * (BN * RS), q_off)
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
                 pin(sacc, NS * 4, "float")
                 if PEEL and PS:
@@ -946,6 +970,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
                 if PS:  # each item ends in its own epilogue, from the registers; the producer loads on meanwhile
                     first_turn()
+                    if CARRY:  # the first item's first S (each next one's is issued by the item before)
+                        first_s(0, 0, cta_items(bx0) > 0)
                     for it in T.serial(cta_items(bx0)):
                         set_work(it)
                         init_acc()
@@ -954,6 +980,9 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
                             release_q()
                         store_o()
                         fills[0] = fills[0] + n_kv
+                    if CARRY:  # the dropped S after the last item
+                        T.ptx["wgmma.wait_group.sync.aligned"](0)
+                        pin(sacc, NS * 4, "float")
                     last_turn()
                 else:
                     compute()

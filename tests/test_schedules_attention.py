@@ -265,6 +265,14 @@ TILE_CONFIGS = {
     "wgmma-tma-persistent-causal-1-tile-items": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
                                                       persistent=3, lpt_heads=2),
                                                  (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
+    # ... the next item's first S issued behind each item's last P·V (``carry``): items of one key tile too, whose S is
+    # then both carried and the last; 2 Q buffers in ping-pong; a CTA whose last item's carried S is dropped
+    "wgmma-tma-persistent-carry": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, persistent=3,
+                                        lpt_heads=2, carry=True),
+                                   (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
+    "wgmma-tma-persistent-carry-2q-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
+                                                    persistent=4, q_bufs=2, pingpong=True, lpt_heads=2, carry=True),
+                                               (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
     "wgmma-tma-persistent-unpeeled": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True, persistent=3,
                                            peel=False),
                                       (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
@@ -361,6 +369,31 @@ def test_cuda_source_uses_tensor_cores(target, insns):
     assert "exp2f(" not in source
 
 
+@pytest.mark.parametrize("seq, d, causal", [(512, 64, "none"), (512, 64, "TopLeft"), (512, 128, "none"),
+                                             (512, 128, "TopLeft"), (2048, 128, "none"), (2048, 64, "TopLeft")])
+def test_cuda_wgmma_kernels_keep_their_pipeline(tmp_path, seq, d, causal):
+    """ptxas serialises every wgmma of a kernel where it cannot prove the asynchronous pipeline safe (a register of a
+    wgmma in flight touched, or a branch leaving the groups in flight unknown) and says so only in an info line
+    (C7510-C7515); the emulator runs such a kernel right. The rule's TMA kernels at the benchmark's shapes (persistent,
+    ping-pong, the carried S, one CTA per item) compile with nvcc without it."""
+    import shutil
+    import subprocess
+
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import choose, flash_mma
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on PATH")
+    spec = AttentionSpec(16384 // seq, seq, seq, 2048 // d, 2048 // d, d, d, "float16", d ** -0.5, causal, None, None)
+    cu = tmp_path / "attention.cu"
+    cu.write_text(cuda_emu.cuda_source(flash_mma(spec, choose(spec, wgmma=True)), targets.resolve("cuda-sm90").target))
+    done = subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-o", str(tmp_path / "attention.cubin"), str(cu)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wgmma.mma_async instructions are serialized" not in done.stdout + done.stderr
+
+
 def test_cuda_tma_kernel_symbolic_lengths():
     """One TMA kernel for any batch / sequence length: tensor maps encoded from the runtime shapes, 32-bit coordinates;
     persistent too (its CTAs loop over a count of items known at run time)."""
@@ -383,8 +416,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
     d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
-    ping-pong for d64 with 2 Q buffers; without a mask d128 in ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers
-    below 2048), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
+    ping-pong for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in ping-pong from 2048
+    to 4096 rows, d64 with 2 Q buffers below 2048), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -394,17 +427,17 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     assert choose(spec(2048, 64), wgmma=True).wgmma and choose(spec(tvm.tirx.Var("s", "int64"), 64), wgmma=True).wgmma
     assert choose(spec(1024, 64, "TopLeft"), wgmma=True).tma and not choose(spec(256, 64), wgmma=True).wgmma
     assert not choose(spec(1024, 96, "TopLeft"), wgmma=True).wgmma and choose(spec(512, 128, "TopLeft"), wgmma=True).tma
-    # (seq, d, causal): computing warps, persistent CTAs, Q buffers, ping-pong
-    expected = {(512, 64, "none"): (12, 132, 2, False), (512, 128, "none"): (8, 132, 1, False),
-                (2048, 64, "none"): (12, 132, 1, False), (2048, 128, "none"): (8, 132, 1, True),
-                (4096, 128, "none"): (8, 132, 1, False), (8192, 128, "none"): (8, 132, 1, False),
-                (8192, 64, "none"): (12, 132, 1, False), (512, 64, "TopLeft"): (8, 132, 2, True),
-                (512, 128, "TopLeft"): (8, 132, 1, False), (2048, 128, "TopLeft"): (8, 0, 1, True),
-                (2048, 64, "TopLeft"): (12, 0, 1, False), (8192, 64, "TopLeft"): (12, 0, 1, False)}
+    # (seq, d, causal): computing warps, persistent CTAs, Q buffers, ping-pong, the next item's first S carried
+    expected = {(512, 64, "none"): (12, 132, 2, False, False), (512, 128, "none"): (8, 132, 1, False, False),
+                (2048, 64, "none"): (12, 132, 1, False, False), (2048, 128, "none"): (8, 132, 1, True, False),
+                (4096, 128, "none"): (8, 132, 1, False, False), (8192, 128, "none"): (8, 132, 1, False, False),
+                (8192, 64, "none"): (12, 132, 1, False, False), (512, 64, "TopLeft"): (8, 132, 2, True, True),
+                (512, 128, "TopLeft"): (8, 132, 1, False, False), (2048, 128, "TopLeft"): (8, 0, 1, True, False),
+                (2048, 64, "TopLeft"): (12, 0, 1, False, False), (8192, 64, "TopLeft"): (12, 0, 1, False, False)}
     for (seq, d, causal), want in expected.items():
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, 3, False, True), (seq, d, causal, cfg)
-        assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong) == want, (seq, d, causal, cfg)
+        assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong, cfg.carry) == want, (seq, d, causal, cfg)
     from schedules.common import planning_for
 
     with planning_for(114):  # a target file's SM count (an H100 PCIe) sizes the persistent grid
