@@ -104,7 +104,8 @@ class Case:
                       replace(chosen, warps=12 if chosen.warps == 8 else 8, bn=128 if self.head_dim <= 64 else 64,
                               q_bufs=1, pingpong=False)]
             if chosen.persistent:
-                other += [replace(chosen, persistent=0, q_bufs=1, pingpong=False, carry=False), replace(chosen, q_bufs=1)]
+                other += [replace(chosen, persistent=0, q_bufs=1, pingpong=False, carry=False),
+                          replace(chosen, q_bufs=1)]
             else:
                 other.append(replace(chosen, persistent=SMS["sm_90"]))
             other.append(replace(chosen, peel=False, carry=False))  # the last key tile in the loop (``z``)

@@ -130,8 +130,8 @@ class TileConfig:
     # stale stage and drops it: 1 GEMM of 2 * n_kv + 1 wasted, 11 % at 4 key tiles); persistent: Q's buffer released
     # as soon as the item's last S is in, so that the next item's Q loads under its last softmax, P·V and epilogue
     peel: bool = True
-    # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor cores
-    # run it under the epilogue and the change of item instead of after them
+    # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor
+    # cores run it under the epilogue and the change of item instead of after them
     carry: bool = False
 
     @property
@@ -206,9 +206,9 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in
     four runs (1 there). The next item's first S carried (2026-12-04, six runs, README): d64 causal at seq 512 +6 to
     +11 % (0.84 -> 0.90-0.93 of cuDNN); without ping-pong -2-3 %; with one Q buffer (d128: two do not fit beside 3
-    stages) -4 to -17 % at seq 512, as the next item's Q, loaded only once this item's last S is in, is then waited
-    for before the epilogue instead of under it; d64 without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 %
-    longer. The grid is the target's SM count (``common.sm_count``: a GPU with fewer SMs would run the
+    stages) -4 to -17 % at seq 512 (the next item's Q, loaded only once this item's last S is in, is then waited for
+    before the epilogue instead of under it; but d128 with 2 stages and 2 Q buffers lost 6-11 % carried too); d64
+    without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. The grid is the target's SM count (``common.sm_count``: a GPU with fewer SMs would run the
     surplus CTAs as a second wave)."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
@@ -320,7 +320,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     assert not SW or (K_OFF * 2 % 1024, BN * RS * 2 % 1024) == (0, 0), "swizzled tiles start 1024-byte aligned"
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
-    assert not cfg.carry or CARRY, "carrying the next item's first S: a persistent kernel with the peeled last tile"
+    assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
     assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -519,8 +519,8 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
         @T.inline
         def qk_wgmma(stage, qo):
-            """Issue S = Q Kᵀ into sacc for Q at ``qo`` and the key tile in smem stage ``stage`` (asynchronous: one commit
-            group): one wgmma.m64nBN per 16 columns of d, this warpgroup's 64 query rows against all BN keys,
+            """Issue S = Q Kᵀ into sacc for Q at ``qo`` and the key tile in smem stage ``stage`` (asynchronous: one
+            commit group): one wgmma.m64nBN per 16 columns of d, this warpgroup's 64 query rows against all BN keys,
             both from shared memory (K-major). The pins keep other uses of the registers out of the wgmma's span."""
             pin(sacc, NS * 4, "float")
             # Causal: Q's descriptors recomputed here. Hoisted out of the loop (8 registers), two were spilled and
@@ -681,7 +681,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 
         @T.inline
         def last_tile(j):
-            """Key tile j, the item's last (``PEEL``): O rescaled and P·V; ``CARRY``: the next item's first S behind it."""
+            """Key tile j, the item's last (``PEEL``): O rescaled and P·V (``CARRY``: then the next item's first S)."""
             cur = T.meta_var(ring(kv0 + j, stages))
             my_turn()
             rescale_o()

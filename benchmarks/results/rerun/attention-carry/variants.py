@@ -1,7 +1,7 @@
-"""Builds the extra tile configurations of runs 4-6 in this folder (``TileConfig.carry`` against its neighbours).
+"""Builds the extra tile configurations of runs 4-8 in this folder (``TileConfig.carry`` against its neighbours).
 
 Runs 1-3 are the benchmark's own variants (``benchmarks/attention.py``: the rule's persistent kernels with the next
-item's first S carried or not). Runs 4-6 timed these instead, built here and run on the GPU machine with
+item's first S carried or not). Runs 4-8 timed these instead, built here and run on the GPU machine with
 
     python3 benchmarks/results/rerun/attention-carry/variants.py seq512 --dir build/gpu/attention-x
     python3 benchmarks/attention.py --run --dir build/gpu/attention-x --cases <the cases> --rounds 9 --out DIR
@@ -11,7 +11,7 @@ item's first S carried or not). Runs 4-6 timed these instead, built here and run
   carried or not (one Q buffer: two do not fit beside 3 stages). (Built now, d64 causal "carried" is the rule itself.)
 - ``causal-long`` (run 6, after): d64 causal at 2048 and 8192 rows as the persistent kernel of seq 512 (2 computing
   warpgroups in ping-pong), with 1 or 2 Q buffers, carried or not.
-- ``d128-two-stages`` (run 7): d128 at seq 512 with 2 K/V stages, which leave room for 2 Q buffers, carried, in
+- ``d128-two-stages`` (runs 7 and 8): d128 at seq 512 with 2 K/V stages, which leave room for 2 Q buffers, carried, in
   ping-pong or not, against the same with 1 Q buffer not carried.
 """
 
