@@ -440,10 +440,9 @@ def _helpers(preamble: str) -> str:
                         f"{str(trans[-1] == '1').lower()}); }}")
         elif name == "tvmpipe_ex2":  # ex2.approx.ftz.f32: results below 2^-126 flush to 0
             defs.append("static inline float tvmpipe_ex2(float x) { float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }")
-        elif name == "tvmpipe_all":
-            defs.append("static inline int tvmpipe_all(int p) { return __all_sync(0xFFFFFFFFu, p); }")
-        elif name == "tvmpipe_copy16":
-            defs.append("static inline void tvmpipe_copy16(void* d, const void* s) { std::memcpy(d, s, 16); }")
+        elif name in ("tvmpipe_all", "tvmpipe_copy16"):  # plain C++ (a warp vote, a 16-byte copy): the kernel's own
+            head = re.search(rf"__device__ [\w ]+? {name}\(", preamble)
+            defs.append("static " + preamble[head.start() : _balanced(preamble, preamble.index("{", head.end()), "{}")])
         elif m := re.fullmatch(r"tvmpipe_split_(\w+)_(tag|arrive|publish|take)", name):  # a split's rendezvous
             # (tagged slots and a launch counter in static memory); blocks run one after another here, so what is
             # not there yet never comes
