@@ -204,12 +204,12 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     item: seq 512 d128 +10-11 % (causal +11-13 %), d64 +14 % (causal +25 %), seq 2048 level to +3 %; ping-pong over
     persistence alone: d64 causal +3-5 %; d128 at 2048 +1-7 %, at 512 -5, 0, -3, -2 and -1 % in five runs (up
     to 2026-12-01 22:4x: not taken there); 2 Q buffers over 1 for d64: +3-7 % at seq 512, at 2048 -1 to -5 % in
-    four runs (1 there). The next item's first S carried (2026-12-04, six runs, README): d64 causal at seq 512 +6 to
-    +11 % (0.84 -> 0.90-0.93 of cuDNN); without ping-pong -2-3 %; with one Q buffer (d128: two do not fit beside 3
+    four runs (1 there). The next item's first S carried (2026-12-04, eight runs, README): d64 causal at seq 512 +6
+    to +11 % (0.84 -> 0.90-0.93 of cuDNN); without ping-pong -2-3 %; with one Q buffer (d128: two do not fit beside 3
     stages) -4 to -17 % at seq 512 (the next item's Q, loaded only once this item's last S is in, is then waited for
     before the epilogue instead of under it; but d128 with 2 stages and 2 Q buffers lost 6-11 % carried too); d64
-    without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. The grid is the target's SM count (``common.sm_count``: a GPU with fewer SMs would run the
-    surplus CTAs as a second wave)."""
+    without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. The grid is the target's SM count
+    (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave)."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg

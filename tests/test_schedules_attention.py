@@ -10,6 +10,8 @@ that are not multiples of any tile, grouped-query heads, broadcast biases.
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -376,9 +378,6 @@ def test_cuda_wgmma_kernels_keep_their_pipeline(tmp_path, seq, d, causal):
     wgmma in flight touched, or a branch leaving the groups in flight unknown) and says so only in an info line
     (C7510-C7515); the emulator runs such a kernel right. The rule's TMA kernels at the benchmark's shapes (persistent,
     ping-pong, the carried S, one CTA per item) compile with nvcc without it."""
-    import shutil
-    import subprocess
-
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, flash_mma
 
@@ -417,7 +416,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
     d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
     ping-pong for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in ping-pong from 2048
-    to 4096 rows, d64 with 2 Q buffers below 2048), others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
+    to 4096 rows, d64 with 2 Q buffers below 2048), others on the cp.async kernel (4 warpgroups for d32, 3 for d96,
+    64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 

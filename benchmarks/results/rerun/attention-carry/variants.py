@@ -61,9 +61,12 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=REPO / "build" / "gpu" / "attention-x")
     a = ap.parse_args()
     configs, names = SETS[a.set]
-    # the benchmark builds each case's rule kernel plus ``Case.variants``: these configurations instead
-    bench.Case.variants = lambda case, spec: [c for c in configs(case, choose(spec, wgmma=True))
-                                              if c != choose(spec, wgmma=True)]
+
+    def variants(case: bench.Case, spec) -> list[TileConfig]:
+        chosen = choose(spec, wgmma=True)
+        return [c for c in configs(case, chosen) if c != chosen]
+
+    bench.Case.variants = variants  # the benchmark builds each case's rule kernel plus these configurations
     bench.build([c for c in bench.CASES if c.name in names], a.dir / bench.LIB.name)
 
 
