@@ -4,6 +4,7 @@ to torch SDPA's flash and cuDNN backends, in the same run on the same inputs.
     python3 benchmarks/attention.py --build            # here (TVM compiler): build/gpu/attention/attention.so
     python3 benchmarks/attention.py --run --out DIR    # GPU machine (TVM runtime + torch): DIR/attention-<gpu>.json + .png
     python3 benchmarks/attention.py --cpu              # this CPU: fused kernel vs TVM's unfused lowering and onnxruntime
+    python3 benchmarks/attention.py --cpu --cpu-baseline old.py   # and another attention_cpu.py's kernel (A/B)
     python3 benchmarks/attention.py --summary FILE     # per shape: rule's choice, best tile config, torch (from --run's JSON)
 
 A/B of a kernel change: ``--build --rule-only --cases ... --dir build/gpu/attention-new`` with the change, then
@@ -23,6 +24,7 @@ rest go on.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -334,58 +336,76 @@ def summary(records: list[dict]) -> None:
               f"{torch.get('torch-cudnn', math.nan):7.1f} {ours.get('rule', math.nan) / flash:10.2f} {ours[best] / flash:10.2f}")
 
 
-def cpu(out: Path, rounds: int = 5) -> None:
+CPU_SHAPES = [(2, 512, 8, 64), (1, 197, 12, 64)]  # (batch, seq, heads, head dim): the GPU benchmark's kind; ViT-B's
+
+
+def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
     """Latency on this CPU of one ONNX ``Attention`` (opset 23) node, as a user's model holds it: compiled by tvmpipe
     (the fused kernel), by tvmpipe ``--no-custom-schedules`` (TVM's unfused lowering), and run by onnxruntime;
-    each checked against float64, timed in ``rounds`` interleaved rounds (median and best)."""
+    each checked against float64, timed in ``rounds`` interleaved rounds (median and best). ``baseline``: another
+    version of ``schedules/attention_cpu.py`` (e.g. ``git show REV:schedules/attention_cpu.py``), whose kernel is
+    compiled the same way and timed in the same rounds as "tvmpipe-baseline"."""
+    import contextlib
+    import importlib.util
     import os
     import platform
     import tempfile
+    from unittest import mock
 
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
 
+    import schedules.attention_cpu
     from compiler import compile_model, load, targets
     from compiler.compare import OrtSession, errors
     from compiler.pipeline import Options
 
-    b, s, h, d = 2, 512, 8, 64
+    builds = {"tvmpipe": (True, contextlib.nullcontext()), "tvm-unfused": (False, contextlib.nullcontext())}
+    if baseline:  # loaded inside the package, so that its relative imports resolve
+        spec = importlib.util.spec_from_file_location("schedules._baseline_attention_cpu", baseline)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        builds["tvmpipe-baseline"] = (True, mock.patch.object(schedules.attention_cpu, "kernel", old.kernel))
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for dtype, elem in (("float32", TensorProto.FLOAT), ("float16", TensorProto.FLOAT16)):
-            for causal in (False, True):
-                node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=h,
-                                        is_causal=int(causal))
-                io = [helper.make_tensor_value_info(n, elem, [b, s, h * d]) for n in "qkvy"]
-                model = helper.make_model(helper.make_graph([node], "attention", io[:3], io[3:]),
-                                          opset_imports=[helper.make_opsetid("", 23)])
-                model.ir_version = 10
-                path = Path(tmp) / "attention.onnx"
-                onnx.save(model, path)
-                rng = np.random.default_rng(0)
-                inputs = {n: rng.standard_normal((b, s, h * d)).astype(dtype) for n in "qkv"}
-                ref = {"y": _reference_bshd(*(inputs[n].reshape(b, s, h, d) for n in "qkv"), causal).reshape(b, s, h * d)}
-                impls = {}
-                for impl, custom in (("tvmpipe", True), ("tvm-unfused", False)):
+        for (b, s, h, d), (dtype, elem), causal in itertools.product(
+            CPU_SHAPES, (("float32", TensorProto.FLOAT), ("float16", TensorProto.FLOAT16)), (False, True)
+        ):
+            node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=h,
+                                    is_causal=int(causal))
+            io = [helper.make_tensor_value_info(n, elem, [b, s, h * d]) for n in "qkvy"]
+            model = helper.make_model(helper.make_graph([node], "attention", io[:3], io[3:]),
+                                      opset_imports=[helper.make_opsetid("", 23)])
+            model.ir_version = 10
+            path = Path(tmp) / "attention.onnx"
+            onnx.save(model, path)
+            rng = np.random.default_rng(0)
+            inputs = {n: rng.standard_normal((b, s, h * d)).astype(dtype) for n in "qkv"}
+            ref = {"y": _reference_bshd(*(inputs[n].reshape(b, s, h, d) for n in "qkv"), causal).reshape(b, s, h * d)}
+            impls = {}
+            for impl, (custom, patch) in builds.items():
+                with patch:
                     compile_model(path, "cpu", Path(tmp) / f"{impl}.tvmpkg", options=Options(custom_schedules=custom))
-                    runner = load(str(Path(tmp) / f"{impl}.tvmpkg"))
-                    impls[impl] = (runner(**inputs), lambda n, r=runner: r.time(inputs, repeat=n, warmup=1).ms)
-                ort = OrtSession(str(path), threads=os.cpu_count())
-                impls["onnxruntime"] = (ort(inputs), lambda n: ort.time(inputs, repeat=n, warmup=1))
-                times: dict[str, list[float]] = {impl: [] for impl in impls}
-                for _ in range(rounds):  # (the unfused lowering takes ~1 s a call)
-                    for impl, (_, timer) in impls.items():
-                        times[impl] += timer(1 if impl == "tvm-unfused" else 5)
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                for impl, (result, _) in impls.items():
-                    ms = float(np.median(times[impl]))
-                    err = errors(result, ref)["max_rel_err"]
-                    records.append({"impl": impl, "dtype": dtype, "causal": causal, "batch": b, "seq": s, "heads": h,
-                                    "d": d, "ms": ms, "min_ms": min(times[impl]), "runs": len(times[impl]),
-                                    "gflops": flops / ms / 1e6, "max_rel_err": err, "correct": err <= CPU_TOL[dtype],
-                                    "cores": os.cpu_count(), "load_avg": list(os.getloadavg())})
-                    print(json.dumps(records[-1]), flush=True)
+                runner = load(str(Path(tmp) / f"{impl}.tvmpkg"))
+                impls[impl] = (runner(**inputs), lambda n, r=runner: r.time(inputs, repeat=n, warmup=1).ms)
+            ort = OrtSession(str(path), threads=os.cpu_count())
+            impls["onnxruntime"] = (ort(inputs), lambda n: ort.time(inputs, repeat=n, warmup=1))
+            times: dict[str, list[float]] = {impl: [] for impl in impls}
+            order = list(impls)
+            for round_ in range(rounds):  # each round in its own order (the unfused lowering takes ~1 s a call)
+                random.Random(len(records) + round_).shuffle(order)
+                for impl in order:
+                    times[impl] += impls[impl][1](1 if impl == "tvm-unfused" else 5)
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            for impl, (result, _) in impls.items():
+                ms = float(np.median(times[impl]))
+                err = errors(result, ref)["max_rel_err"]
+                records.append({"impl": impl, "dtype": dtype, "causal": causal, "batch": b, "seq": s, "heads": h,
+                                "d": d, "ms": ms, "min_ms": min(times[impl]), "runs": len(times[impl]),
+                                "gflops": flops / ms / 1e6, "max_rel_err": err, "correct": err <= CPU_TOL[dtype],
+                                "cores": os.cpu_count(), "load_avg": list(os.getloadavg())})
+                print(json.dumps(records[-1]), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     machine = {"machine": platform.machine(), "cpu": targets.resolve("cpu").isa_summary(), "rounds": rounds}
     (out / "attention-cpu.json").write_text(json.dumps(machine | {"records": records}, indent=1))
@@ -445,10 +465,11 @@ if __name__ == "__main__":
     ap.add_argument("--run", action="store_true", help="check and time them (GPU machine, TVM runtime + torch)")
     ap.add_argument("--cpu", action="store_true",
                     help="time the CPU kernel against TVM's unfused lowering and onnxruntime, here")
+    ap.add_argument("--cpu-baseline", type=Path, help="--cpu: also time the kernel of this other attention_cpu.py")
     ap.add_argument("--summary", type=Path, help="print the per-shape summary of a --run result file")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--cases", help="--build / --run: only these cases (comma-separated names)")
-    ap.add_argument("--rounds", type=int, default=ROUNDS, help="--run: timing rounds")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="--run / --cpu: timing rounds")
     ap.add_argument("--dir", type=Path, default=BUILD, help="--build / --run: the library's folder")
     ap.add_argument("--rule-only", action="store_true", help="--build: the rule's kernels, no other tile configurations")
     ap.add_argument("--baseline", type=Path, nargs="+", default=[],
@@ -466,4 +487,4 @@ if __name__ == "__main__":
     if a.run:
         run(a.out, cases, a.rounds, a.dir, a.baseline)
     if a.cpu:
-        cpu(a.out)
+        cpu(a.out, a.rounds, a.cpu_baseline)

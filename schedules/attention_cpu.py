@@ -1,38 +1,52 @@
 """Fused attention for CPUs: tiled, online softmax, vectorised, parallel over batch x heads x query tiles.
 
-Each task owns ``BQ`` query rows of one (batch, head): it streams the keys in tiles of ``BK``,
-keeping scores for one tile only (``BQ x BK`` floats) and the running max / sum / output rows,
-so the score matrix never reaches memory. Key tiles wholly above a causal diagonal are skipped.
-All arithmetic is fp32 whatever the input type. The key tile is stored transposed so that both
-products (Q·Kᵀ and P·V) are unit-stride vector loops, run in register blocks of ``RB`` rows x two
-vector registers; ``exp`` is a vectorisable polynomial.
+Each task owns ``BQ`` query rows of one (batch, head): it streams the keys in tiles of ``BK``, keeping
+scores for one tile only and the running max / sum / output rows, so the score matrix never reaches
+memory. Key tiles wholly above a causal diagonal are skipped. All arithmetic is fp32 whatever the input
+type. Everything is held transposed, query rows across the vector lanes: the scores as Sᵀ (keys x
+queries), the output as Oᵀ (value columns x queries), Q as Qᵀ. Both products then broadcast one
+element of a K or V row as it lies in memory against whole vectors of queries, in register blocks of
+``rj`` keys (``RC`` value columns) x ``qb`` queries; the softmax's row max and sum are lane-wise (no
+reduction across lanes) and rescaling a row is a vector multiply. Only Q's copy and the output's store
+are transposed, once per task, not per key tile. (Rows across the lanes instead, with the K tile
+transposed for every query tile and each row's max and sum reduced across the lanes, took 1.4x as long:
+2 x 512 x 8 x 64, float32 and float16, on 2 AVX-512 cores.) ``exp`` is a vectorisable polynomial.
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm
 from tvm.script import tirx as T
 from tvm.target import codegen
 
 from .attention import causal_offset, kernel_signature
-from .softmax_tir import _add
 from .softmax_tir import vexp as exp  # the softmax kernel's vectorisable e^(x - max); NaN stays NaN
 
-BQ = 64  # query rows per task at most (amortises the K-tile transpose)
-BK = 64  # keys per tile at most
-RB = 4  # rows per register block
+BQ = 64  # query rows per task at most (amortises Qᵀ's copy; a whole number of register blocks' lanes)
+BK = 64  # keys per tile at most (rounded up to whole register blocks)
+RC = 4  # value columns per register block of Oᵀ
 
 
-def tiles(seq_q, seq_kv, vs: int) -> tuple[int, int]:
+def blocks(target: tvm.target.Target) -> list[tuple[int, int]]:
+    """Register blocks of Sᵀ, (query lanes, keys): the main one, then one for a sequence's last task where it has at
+    most that many rows (ViT's 197 tokens: 3 tasks of 64 rows and one of 5, which as 16 lanes instead of 64 took
+    1 x 197 x 12 x 64 from 0.42 to 0.35 ms). AVX-512's 32 registers hold 4 keys x 4 vectors of accumulators (6 x 4:
+    3 % slower at 512 keys; 8 x 4 spills; 8 x 2: 5 % slower), then 8 x 1; AVX2's 16 hold 6 x 2 (4 x 2: 2 % slower,
+    timed as AVX2 code on an AVX-512 machine)."""
+    return [(64, 4), (16, 8)] if codegen.target_has_features("avx512f", target) else [(16, 6)]
+
+
+def tiles(seq_q, seq_kv, qb: int, rj: int) -> tuple[int, int]:
     """(query rows per task, keys per tile): for static lengths the sizes that pad least, since padded rows and
-    keys are computed in full (ViT's 197 tokens: 208 x 224 instead of 256 x 256, 1.4x less work); BQ, BK for
-    symbolic ones."""
-    bq, bk = BQ, BK
+    keys are computed in full; BQ, BK for symbolic ones. Query rows come in multiples of ``qb``, keys of ``rj``."""
+    bq, bk = BQ, -(-BK // rj) * rj
     if isinstance(seq_q, int):
         per_task = -(-seq_q // -(-seq_q // BQ))  # as many tasks as BQ needs, rows shared evenly
-        bq = RB * -(-per_task // RB)
-    if isinstance(seq_kv, int):  # a multiple of the score vectors; ties: the longer tile (fewer rescales)
-        bk = min(range(max(vs, 32), BK + 1, vs), key=lambda t: (-(-seq_kv // t) * t, -t))
+        bq = qb * -(-per_task // qb)
+    if isinstance(seq_kv, int):  # ties: the longer tile (fewer rescales)
+        bk = min(range(4 * rj, bk + 1, rj), key=lambda t: (-(-seq_kv // t) * t, -t))
     return bq, bk
 
 
@@ -44,113 +58,131 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     f32, neg_inf = "float32", T.float32("-inf")
 
-    # register blocks of RB rows x two vector registers of lanes: 8 independent FMA chains hide FMA latency
-    VS = 32 if codegen.target_has_features("avx512f", target) else 16
-    VO = next(w for w in (VS, 16, 8, 4, 2, 1) if DV % w == 0)  # output columns per register block
-    BQ, BK = tiles(sq, skv, VS)
+    (QB, RJ), *few = blocks(target)
+    BQ = tiles(sq, skv, QB, RJ)[0]
+    few = [(qb, rj) for qb, rj in few if not isinstance(sq, int) or 0 < sq % BQ <= qb]  # a last task it fits
+    has_few, (FQ, FJ) = bool(few), (few or [(0, 1)])[0]
+    BK = tiles(sq, skv, QB, math.lcm(RJ, FJ))[1]
+    # each register block is held in two halves: TVM puts a local buffer of 1 KB or more on the heap, where LLVM
+    # cannot keep it in registers (16 vectors of 64 bytes in one buffer: half the speed)
+    HC = RC // 2
+    DVP = -(-DV // RC) * RC  # Oᵀ's rows, padded to whole register blocks (zero value columns, dropped)
+
+    def key(k, b, j, hk, dd):
+        return T.Cast(f32, k[b, T.min(j, skv - 1), hk, dd])
 
     @T.macro
-    def reduce_row(s, part, i, op, init):
-        """part[0] <- op over row i of the score tile: lane-wise over its vectors, then halving the lanes. (A scalar
-        chain over the row's BK scores, each op waiting for the last, left the kernel 10-20 % slower: float32,
-        2 x 512 x 8 x 64, 2 cores, best of 20 runs, with and without a mask.)"""
-        for jj in T.vectorized(VS):
-            part[jj] = init
-        for jb in range(BK // VS):
-            for jj in T.vectorized(VS):
-                part[jj] = op(part[jj], s[i, jb * VS + jj])
-        if VS == 32:  # (VS is 16 or 32)
-            for jj in T.vectorized(16):
-                part[jj] = op(part[jj], part[jj + 16])
-        for jj in T.vectorized(8):
-            part[jj] = op(part[jj], part[jj + 8])
-        for jj in T.vectorized(4):
-            part[jj] = op(part[jj], part[jj + 4])
-        for jj in T.vectorized(2):
-            part[jj] = op(part[jj], part[jj + 2])
-        part[0] = op(part[0], part[1])
+    def store_scores(acc, rows, jb, ib, j0, i0, b, h, bias, st, QB, RJ):
+        for r in T.unroll(RJ // 2):
+            for ii in T.vectorized(QB):
+                j = T.meta_var(jb * RJ + rows + r)
+                i = T.meta_var(ib * QB + ii)
+                visible = T.meta_var(spec.visible(i0 + i, j0 + j))
+                if has_bias:
+                    st[j, i] = T.if_then_else(visible, acc[r, ii] + spec.bias_at(bias, b, h, i0 + i, j0 + j), neg_inf)
+                else:
+                    st[j, i] = T.if_then_else(visible, acc[r, ii], neg_inf)
+
+    @T.macro
+    def task(q, k, v, bias, out, b, h, i0, NQ, QB, RJ):
+        """NQ query rows from i0 (past the end: zeros, dropped), in register blocks of QB lanes x RJ keys."""
+        hk = T.meta_var(h // G)
+        HJ = T.meta_var(RJ // 2)
+        offset = T.meta_var(causal_offset(sq, skv, spec.causal))
+        qt = T.alloc_buffer((D, NQ), f32)
+        vf = T.alloc_buffer((BK, DVP), f32)
+        st = T.alloc_buffer((BK, NQ), f32)
+        ot = T.alloc_buffer((DVP, NQ), f32)
+        m = T.alloc_buffer((NQ,), f32)  # running max, per query row
+        lsum = T.alloc_buffer((NQ,), f32)
+        mx = T.alloc_buffer((NQ,), f32)  # the running max with this tile
+        base = T.alloc_buffer((NQ,), f32)  # the exponents' base: mx, or 0 where every score so far is masked
+        alpha = T.alloc_buffer((NQ,), f32)  # the rescale of what was accumulated so far
+        acc0 = T.alloc_buffer((max(HJ, HC), QB), f32)  # a register block's two halves
+        acc1 = T.alloc_buffer((max(HJ, HC), QB), f32)
+        for i, dd in T.grid(NQ, D):
+            qt[dd, i] = T.if_then_else(
+                i0 + i < sq, T.Cast(f32, q[b, T.min(i0 + i, sq - 1), h, dd]) * T.float32(scale), T.float32(0)
+            )
+        for i in T.vectorized(NQ):
+            m[i] = neg_inf
+            lsum[i] = T.float32(0)
+        for c in range(DVP):
+            for i in T.vectorized(NQ):
+                ot[c, i] = T.float32(0)
+        kv_end = T.meta_var(T.min(skv, T.min(i0 + NQ, sq) + offset) if causal else skv)
+        for t in range((kv_end + BK - 1) // BK):
+            j0 = T.meta_var(t * BK)
+            for jj in range(BK):
+                for c in T.vectorized(DVP):
+                    vf[jj, c] = T.if_then_else(
+                        j0 + jj < skv and c < DV, T.Cast(f32, v[b, T.min(j0 + jj, skv - 1), hk, T.min(c, DV - 1)]), T.float32(0)
+                    )
+            # Sᵀ = K Qᵀ, RJ keys x QB queries at a time (each Qᵀ vector loaded once for RJ keys; K read where it
+            # lies, keys past the end clamped to the last and masked: a float32 copy of the tile measured 2-5 % slower)
+            for jb, ib in T.grid(BK // RJ, NQ // QB):
+                for r in T.unroll(HJ):
+                    for ii in T.vectorized(QB):
+                        acc0[r, ii] = T.float32(0)
+                        acc1[r, ii] = T.float32(0)
+                for dd in range(D):
+                    for r in T.unroll(HJ):
+                        for ii in T.vectorized(QB):
+                            acc0[r, ii] = acc0[r, ii] + key(k, b, j0 + jb * RJ + r, hk, dd) * qt[dd, ib * QB + ii]
+                    for r in T.unroll(HJ):
+                        for ii in T.vectorized(QB):
+                            acc1[r, ii] = acc1[r, ii] + key(k, b, j0 + jb * RJ + HJ + r, hk, dd) * qt[dd, ib * QB + ii]
+                store_scores(acc0, 0, jb, ib, j0, i0, b, h, bias, st, QB, RJ)
+                store_scores(acc1, HJ, jb, ib, j0, i0, b, h, bias, st, QB, RJ)
+            # online softmax, lane-wise: new running max, exponentials, rescale of what was accumulated so far
+            for i in T.vectorized(NQ):
+                mx[i] = m[i]
+            for jj in range(BK):
+                for i in T.vectorized(NQ):
+                    mx[i] = T.max(mx[i], st[jj, i])
+            for i in T.vectorized(NQ):
+                base[i] = T.if_then_else(mx[i] == neg_inf, T.float32(0), mx[i])  # all masked so far: p = 0, not NaN
+                alpha[i] = exp(m[i] - base[i])
+                m[i] = mx[i]
+                lsum[i] = lsum[i] * alpha[i]
+            for jj in range(BK):
+                for i in T.vectorized(NQ):
+                    st[jj, i] = exp(st[jj, i] - base[i])
+                    lsum[i] = lsum[i] + st[jj, i]
+            # Oᵀ = alpha Oᵀ + Vᵀ P, RC value columns x QB queries at a time
+            for cb, ib in T.grid(DVP // RC, NQ // QB):
+                for r in T.unroll(HC):
+                    for ii in T.vectorized(QB):
+                        acc0[r, ii] = ot[cb * RC + r, ib * QB + ii] * alpha[ib * QB + ii]
+                        acc1[r, ii] = ot[cb * RC + HC + r, ib * QB + ii] * alpha[ib * QB + ii]
+                for jj in range(BK):
+                    for r in T.unroll(HC):
+                        for ii in T.vectorized(QB):
+                            acc0[r, ii] = acc0[r, ii] + vf[jj, cb * RC + r] * st[jj, ib * QB + ii]
+                    for r in T.unroll(HC):
+                        for ii in T.vectorized(QB):
+                            acc1[r, ii] = acc1[r, ii] + vf[jj, cb * RC + HC + r] * st[jj, ib * QB + ii]
+                for r in T.unroll(HC):
+                    for ii in T.vectorized(QB):
+                        ot[cb * RC + r, ib * QB + ii] = acc0[r, ii]
+                        ot[cb * RC + HC + r, ib * QB + ii] = acc1[r, ii]
+        for i in range(T.min(NQ, sq - i0)):
+            for c in range(DV):
+                out[b, i0 + i, h, c] = T.Cast(dtype, ot[c, i] / lsum[i])  # 0/0 = NaN for a fully masked row
+
+    nq = (sq + BQ - 1 - (FQ if has_few else 0)) // BQ  # tasks of the main register block per (batch, head)
+    has_main = not isinstance(nq, int) or nq > 0
 
     @T.macro
     def body(q, k, v, bias, out):
-        nq = T.meta_var((sq + BQ - 1) // BQ)
-        offset = T.meta_var(causal_offset(sq, skv, spec.causal))
-        for task in T.parallel(batch * H * nq):
-            b = T.meta_var(task // (H * nq))
-            h = T.meta_var(task // nq % H)
-            i0 = T.meta_var(task % nq * BQ)
-            hk = T.meta_var(h // G)
-            qs = T.alloc_buffer((BQ, D), f32)
-            kt = T.alloc_buffer((D, BK), f32)
-            vt = T.alloc_buffer((BK, DV), f32)
-            s = T.alloc_buffer((BQ, BK), f32)
-            o = T.alloc_buffer((BQ, DV), f32)
-            m = T.alloc_buffer((BQ,), f32)
-            lsum = T.alloc_buffer((BQ,), f32)
-            st = T.alloc_buffer((3,), f32)  # tile max, exponent base, tile sum
-            acc = T.alloc_buffer((RB, VS), f32)  # register block of scores / outputs
-            part = T.alloc_buffer((VS,), f32)  # a row's partial max / sum, one per lane
-            for i, dd in T.grid(BQ, D):
-                qs[i, dd] = T.if_then_else(
-                    i0 + i < sq, T.Cast(f32, q[b, T.min(i0 + i, sq - 1), h, dd]) * T.float32(scale), T.float32(0)
-                )
-            for i in range(BQ):
-                m[i] = neg_inf
-                lsum[i] = T.float32(0)
-                for c in T.vectorized(DV):
-                    o[i, c] = T.float32(0)
-            kv_end = T.meta_var(T.min(skv, T.min(i0 + BQ, sq) + offset) if causal else skv)
-            for t in range((kv_end + BK - 1) // BK):
-                j0 = T.meta_var(t * BK)
-                for jj, dd in T.grid(BK, D):
-                    kt[dd, jj] = T.if_then_else(j0 + jj < skv, T.Cast(f32, k[b, T.min(j0 + jj, skv - 1), hk, dd]), T.float32(0))
-                for jj in range(BK):
-                    for c in T.vectorized(DV):
-                        vt[jj, c] = T.if_then_else(j0 + jj < skv, T.Cast(f32, v[b, T.min(j0 + jj, skv - 1), hk, c]), T.float32(0))
-                # scores, RB rows x VS keys at a time (each key vector loaded once for RB rows)
-                for ib, jb in T.grid(BQ // RB, BK // VS):
-                    for r in T.unroll(RB):
-                        for jj in T.vectorized(VS):
-                            acc[r, jj] = T.float32(0)
-                    for dd in range(D):
-                        for r in T.unroll(RB):
-                            for jj in T.vectorized(VS):
-                                acc[r, jj] = acc[r, jj] + qs[ib * RB + r, dd] * kt[dd, jb * VS + jj]
-                    for r in T.unroll(RB):
-                        for jj in T.vectorized(VS):
-                            i = T.meta_var(ib * RB + r)
-                            j = T.meta_var(jb * VS + jj)
-                            visible = T.meta_var(spec.visible(i0 + i, j0 + j))
-                            if has_bias:
-                                s[i, j] = T.if_then_else(visible, acc[r, jj] + spec.bias_at(bias, b, h, i0 + i, j0 + j), neg_inf)
-                            else:
-                                s[i, j] = T.if_then_else(visible, acc[r, jj], neg_inf)
-                # online softmax per row: new running max, rescale what was accumulated so far
-                for i in range(BQ):
-                    reduce_row(s, part, i, T.max, neg_inf)
-                    st[0] = T.max(m[i], part[0])
-                    st[1] = T.if_then_else(st[0] == neg_inf, T.float32(0), st[0])  # all masked so far: p = 0, not NaN
-                    for jj in T.vectorized(BK):
-                        s[i, jj] = exp(s[i, jj] - st[1])
-                    reduce_row(s, part, i, _add, T.float32(0))
-                    st[2] = part[0]
-                    for c in T.vectorized(DV):
-                        o[i, c] = o[i, c] * exp(m[i] - st[1])
-                    lsum[i] = lsum[i] * exp(m[i] - st[1]) + st[2]
-                    m[i] = st[0]
-                # o += p v, RB rows x VO columns at a time
-                for ib, cb in T.grid(BQ // RB, DV // VO):
-                    for r in T.unroll(RB):
-                        for c in T.vectorized(VO):
-                            acc[r, c] = o[ib * RB + r, cb * VO + c]
-                    for jj in range(BK):
-                        for r in T.unroll(RB):
-                            for c in T.vectorized(VO):
-                                acc[r, c] = acc[r, c] + s[ib * RB + r, jj] * vt[jj, cb * VO + c]
-                    for r in T.unroll(RB):
-                        for c in T.vectorized(VO):
-                            o[ib * RB + r, cb * VO + c] = acc[r, c]
-            for i in range(T.min(BQ, sq - i0)):
-                for c in T.vectorized(DV):
-                    out[b, i0 + i, h, c] = T.Cast(dtype, o[i, c] / lsum[i])  # 0/0 = NaN for a fully masked row
+        # the tasks of few rows in a parallel loop of their own: in one loop body, StorageRewrite gave both kinds of
+        # task the same memory for their register blocks, which LLVM then no longer kept in registers (1.6x as long)
+        if has_main:
+            for t in T.parallel(batch * H * nq):
+                task(q, k, v, bias, out, t // (H * nq), t // nq % H, t % nq * BQ, BQ, QB, RJ)
+        if has_few:
+            for t in T.parallel(batch * H):
+                if 0 < sq % BQ and sq % BQ <= FQ:
+                    task(q, k, v, bias, out, t // H, t % H, sq - sq % BQ, FQ, FQ, FJ)
 
     return kernel_signature(spec, body)

@@ -491,26 +491,37 @@ def test_cuda_package_holds_compiled_kernel(tmp_path, seq, d, dtype, causal, tma
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
 
 
-@pytest.mark.parametrize("mcpu, register", [("skylake-avx512", "zmm"), ("znver3", "ymm")])
-def test_cpu_kernel_builds_for_either_vector_width(mcpu, register):
-    """The kernel's AVX-512 form (32-lane score vectors, row reductions halved from 32 lanes) and its AVX2 form (16)
-    both compile, to that width's registers, whichever this machine is (the tests above run its own form)."""
+@pytest.mark.parametrize("mcpu, register, isa", [("skylake-avx512", "zmm", "avx512f"), ("znver3", "ymm", "avx2")])
+def test_cpu_kernel_either_vector_width(rng, mcpu, register, isa):
+    """The kernel's AVX-512 form (register blocks of 64 queries x 4 keys, and 16 x 8 for the last 6 of the 70 rows)
+    and its AVX2 form (16 x 6) both compile, to that width's registers, whichever this machine is; each runs against
+    float64 where this CPU has its ISA (the tests above run only this machine's form). Odd lengths, grouped heads, an
+    odd value dim (Oᵀ padded by a row)."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cpu import kernel
 
-    spec = AttentionSpec(2, 100, 100, 4, 4, 64, 64, "float32", 0.125, "TopLeft", None, None)
+    b, sq, skv, h, hkv, d, dv = 2, 70, 150, 4, 2, 24, 7  # 150 keys: 3 tiles of 52 (AVX-512), 5 of 30 (AVX2)
+    spec = AttentionSpec(b, sq, skv, h, hkv, d, dv, "float32", 0.2, "BottomRight", None, None)
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     lib = tvm.compile(tvm.IRModule({"main": kernel(spec, target).with_attr("global_symbol", "main")}), target)
     asm = lib.mod.inspect_source("asm")
     assert ("zmm" in asm) == (register == "zmm") and "vfmadd" in asm
+    if isa not in targets.host_cpu_flags():
+        pytest.skip(f"this CPU has no {isa} to run it")
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", dv=dv)
+    out = tvm.runtime.empty((b, sq, h, dv), "float32")
+    lib["main"](*[tvm.runtime.tensor(arrays[n]) for n in "qkv"], out)
+    assert_close(out.numpy(), reference(**arrays, causal="BottomRight", scale=0.2), "float32")
 
 
 def test_cpu_tiles_pad_least():
-    """Padded query rows and keys are computed in full: static lengths get the tiles that pad least."""
+    """Padded query rows and keys are computed in full: static lengths get the tiles that pad least, in whole register
+    blocks (query rows in multiples of the block's lanes, keys of its keys)."""
     from tvm import tirx
 
     from schedules.attention_cpu import BK, BQ, tiles
 
-    assert tiles(197, 197, 32) == (52, 32)  # ViT: 208 x 224 computed, not 256 x 256
-    assert tiles(128, 128, 32) == (64, 64) and tiles(256, 256, 16) == (64, 64)  # exact: the largest tiles
-    assert tiles(tirx.Var("n", "int64"), tirx.Var("m", "int64"), 32) == (BQ, BK)
+    assert tiles(197, 197, 64, 4) == (64, 40)  # ViT on AVX-512: 197 keys in 5 tiles of 40, not 4 of 64
+    assert tiles(197, 197, 16, 6) == (64, 66) and tiles(100, 100, 16, 6) == (64, 54)
+    assert tiles(128, 128, 64, 4) == (64, 64) and tiles(256, 256, 16, 6) == (64, 66)
+    assert tiles(tirx.Var("n", "int64"), tirx.Var("m", "int64"), 64, 4) == (BQ, BK)
