@@ -9,8 +9,8 @@ element of a K or V row as it lies in memory against whole vectors of queries, i
 ``rj`` keys (``RC`` value columns) x ``qb`` queries; the softmax's row max and sum are lane-wise (no
 reduction across lanes) and rescaling a row is a vector multiply. Only Q's copy and the output's store
 are transposed, once per task, not per key tile. (Rows across the lanes instead, with the K tile
-transposed for every query tile and each row's max and sum reduced across the lanes, took 1.4x as long:
-2 x 512 x 8 x 64, float32 and float16, on 2 AVX-512 cores.) ``exp`` is a vectorisable polynomial.
+transposed for every query tile and each row's max and sum reduced across the lanes, took 1.2-1.6x as long:
+``benchmarks/attention.py --cpu`` on 2 AVX-512 cores.) ``exp`` is a vectorisable polynomial.
 """
 
 from __future__ import annotations

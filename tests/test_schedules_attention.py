@@ -97,6 +97,7 @@ CPU_CASES = {
     "bottom-right-cross": (2, 19, 83, 2, 1, 24, "float16", None, "BottomRight"),
     "key-padding": (2, 33, 65, 2, 2, 16, "float32", (2, 1, 1, 65), None),
     "additive-mask-causal": (1, 45, 45, 2, 2, 8, "float16", (1, 2, 45, 45), "TopLeft"),
+    "bfloat16-gqa-tail": (2, 70, 70, 4, 2, 32, "bfloat16", None, None),
 }
 
 
