@@ -35,6 +35,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "models")]
+from benchmarks.common import settle  # noqa: E402
+
 BUILD = REPO / "build" / "gpu" / "attention-e2e"
 VARIANTS = {"fused": "tvmpipe default: attention is one hand-written kernel",
             "tvm-attention": "tvmpipe default except the attention op, lowered by TVM's legalisation",
@@ -153,9 +155,12 @@ def measure(device: str, plan: list[dict], pkg_dir: Path, rounds: int, repeat: i
         ort_inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
         ref = ort(ort_inputs)
         times: dict[str, list[float]] = {v: [] for v in (*VARIANTS, "onnxruntime-cpu")}
+        pause = settle if device == "cpu" else lambda: None  # the previous one's thread pool stops spinning
         for _ in range(rounds):
             for v in VARIANTS:
+                pause()
                 times[v] += runners[v].time(inputs, repeat=repeat, warmup=2).ms
+            pause()
             times["onnxruntime-cpu"] += ort.time(ort_inputs, repeat=repeat, warmup=2)
         row = {"name": entry["name"], "dtype": dtype, "inputs": entry["inputs"], "variants": {}}
         for v in (*VARIANTS, "onnxruntime-cpu"):

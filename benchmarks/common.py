@@ -1,4 +1,4 @@
-"""What the GPU benchmark scripts share."""
+"""What the benchmark scripts share."""
 
 from __future__ import annotations
 
@@ -7,6 +7,19 @@ import io
 import re
 import subprocess
 import sys
+import time
+
+# CPU: thread pools spin after a call, holding a core: TVM's worker for ~120 ms after the last kernel, onnxruntime's
+# for ~40 ms (each thread's CPU ticks in /proc, 2026-12-04). What is timed within that window shares the 2 cores with
+# the spinning thread: a 128 x 16384 softmax ran 0.17 ms alone and 0.33 ms (best of 30) right after onnxruntime, a
+# 20 ms pause between them was not enough.
+POOL_SPIN_S = 0.25
+
+
+def settle() -> None:
+    """Before timing one CPU implementation after another in the same process: wait out the other's spinning pool."""
+    time.sleep(POOL_SPIN_S)
+
 
 # Nsight Compute: the sections profiled, and (record key, ncu metric name) of the figures kept from them
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",

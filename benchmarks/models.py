@@ -46,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug  # noqa: E402
+from benchmarks.common import gpu_slug, settle  # noqa: E402
 
 CACHE = REPO / "build" / "zoo"
 RESULTS = REPO / "benchmarks" / "results"
@@ -231,7 +231,9 @@ def run_cpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
         err = errors(runner(**inputs), ort(inputs))
         ours, theirs = [], []
         for _ in range(args.rounds):  # interleaved, so that load from elsewhere hits both alike
+            settle()  # onnxruntime's thread pool stops spinning
             ours += runner.time(inputs, repeat=args.repeat, warmup=1).ms
+            settle()
             theirs += ort.time(inputs, repeat=args.repeat, warmup=1)
         rec.update(
             tvmpipe_ms=_median(ours), ort_ms=_median(theirs), speedup_vs_ort=_median(theirs) / _median(ours),

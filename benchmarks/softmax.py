@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug, ncu_line, ncu_profile  # noqa: E402
+from benchmarks.common import gpu_slug, ncu_line, ncu_profile, settle  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "softmax"
 GPU_SHAPES = [(4096, 4096), (32768, 1024), (65536, 128), (1024, 32768), (128, 131072), (16, 1048576), (4096, 50257)]
@@ -489,8 +489,8 @@ def _cpu_bench_interleaved(fns: dict, reps: dict) -> dict:
     """Best-of-``reps[name]`` ms of each function, the calls spread over ``CPU_ROUNDS`` rounds that visit the
     functions in turn (alternating order), so that each sees the same load from the other jobs on this
     shared machine (one function timed after another, a burst of load decided the comparison). Best, not
-    median: only the quietest moments are comparable. A pause and a warm-up call before each function's
-    turn: thread pools (TVM's, onnxruntime's) spin after a call and would slow whatever ran next."""
+    median: only the quietest moments are comparable. A pause (``settle``) and a warm-up call before each
+    function's turn: thread pools (TVM's, onnxruntime's) spin after a call and would slow whatever ran next."""
     best = {name: float("inf") for name in fns}
     done = dict.fromkeys(fns, 0)
     for rnd in range(CPU_ROUNDS):
@@ -498,7 +498,7 @@ def _cpu_bench_interleaved(fns: dict, reps: dict) -> dict:
             n = min(reps[name] - done[name], -(-reps[name] // CPU_ROUNDS))
             if n <= 0:
                 continue
-            time.sleep(0.02)
+            settle()
             fns[name]()
             for _ in range(n):
                 t0 = time.perf_counter()

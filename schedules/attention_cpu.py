@@ -9,7 +9,7 @@ element of a K or V row as it lies in memory against whole vectors of queries, i
 ``rj`` keys (``RC`` value columns) x ``qb`` queries; the softmax's row max and sum are lane-wise (no
 reduction across lanes) and rescaling a row is a vector multiply. Only Q's copy and the output's store
 are transposed, once per task, not per key tile. (Rows across the lanes instead, with the K tile
-transposed for every query tile and each row's max and sum reduced across the lanes, took 1.2-1.6x as long:
+transposed for every query tile and each row's max and sum reduced across the lanes, took 1.2-1.7x as long:
 ``benchmarks/attention.py --cpu`` on 2 AVX-512 cores.) ``exp`` is a vectorisable polynomial.
 """
 
