@@ -27,7 +27,8 @@ def test_ncu_profile_parses_launches_and_stall_reasons(monkeypatch):
         calls.append(cmd)
         out = csv_output({"k_a": metrics("1,234.5", {"barrier": "0.5", "wait": "2.25", "drain": "0.01"},
                                          {"inst_executed_pipe_xu": "41.5", "pipe_tensor_op_gmma_cycles_active": "63",
-                                          "inst_executed_pipe_uniform": "0.3"}),
+                                          "inst_executed_pipe_xu_realtime": "41.5", "inst_executed_pipe_uniform": "0.3",
+                                          "inst_executed_pipe_lsu_realtime": "7"}),
                           "k_b": metrics("99", {})})
         return subprocess.CompletedProcess(cmd, 0, out, "")
 
@@ -37,7 +38,8 @@ def test_ncu_profile_parses_launches_and_stall_reasons(monkeypatch):
     assert got[0]["duration_ns"] == 1234.5 and got[1]["duration_ns"] == 99
     assert list(got[0]["stalls"].items()) == [("wait", 2.25), ("barrier", 0.5)]  # largest first, tiny ones dropped
     assert got[1]["stalls"] == {}
-    assert list(got[0]["pipes"].items()) == [("tensor_op_gmma_cycles_active", 63), ("xu", 41.5)]  # (same)
+    # (same; a "_realtime" twin of a pipe dropped, one without a twin kept)
+    assert list(got[0]["pipes"].items()) == [("tensor_op_gmma_cycles_active", 63), ("xu", 41.5), ("lsu_realtime", 7)]
     assert got[1]["pipes"] == {}
     assert calls[0][:2] == ["ncu", "--csv"] and "regex:k_" in calls[0] and calls[0][-2:] == ["script.py", "--launch"]
     assert "1.2 us" in common.ncu_line(got[0]) and "'xu': 41.5" in common.ncu_line(got[0])
