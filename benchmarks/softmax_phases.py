@@ -64,6 +64,30 @@ def stamped(src: str) -> str:
             + src[pass2:end] + "  " + _WRITE % (_STAMP % 3) + src[end:])
 
 
+_DYN_SHMEM = re.compile(r'alloc_buffer\(\((\d+),\), "uint8", scope="shared\.dyn"\)')
+
+
+def compile_with_dyn_shmem(mod, target):
+    """``tvm.compile(mod, target)`` and the bytes of dynamic shared memory its one kernel takes, as TVM sized it (the
+    buffer MergeSharedMemoryAllocations makes of all shared.dyn ones, read from the IR rather than re-derived from the
+    plan: TVM's host code passes that size at launch, and a launch from CuPy must pass it too)."""
+    import tvm
+
+    sizes: list[int] = []
+
+    @tvm.instrument.pass_instrument
+    class Grab:
+        def run_after_pass(self, module, info):
+            if info.name.endswith("MergeSharedMemoryAllocations"):
+                sizes.extend(int(n) for n in _DYN_SHMEM.findall(module.script()))
+
+    with tvm.transform.PassContext(instruments=[Grab()]):
+        lib = tvm.compile(mod, target)
+    if len(sizes) != 1:
+        raise ValueError(f"expected one merged shared.dyn buffer in the kernel, found {len(sizes)}")
+    return lib, sizes[0]
+
+
 def build(folder: Path) -> None:
     """The rule's kernel per shape and dtype, stamped, compiled to cubin with nvcc; ``manifest.json`` beside them."""
     import tvm
@@ -77,16 +101,14 @@ def build(folder: Path) -> None:
     manifest = []
     for (rows, cols), dtype in ((s, d) for s in SHAPES for d in DTYPES):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-        mod = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, target)
+        mod, smem = compile_with_dyn_shmem(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, target)
         name = f"{dtype}_{rows}x{cols}"
         (folder / f"{name}.cu").write_text(stamped(mod.mod.imports[0].inspect_source()))
         subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-O3", "-w", "-o", folder / f"{name}.cubin",
                         folder / f"{name}.cu"], check=True)
-        lanes, itemsize = plan.lanes, tvm.DataType(dtype).bits // 8
-        cached = plan.cached if plan.cache == "l2" else 0
-        smem = cached * plan.per_thread * lanes * 16 + 8 * (lanes // 32) + 16 + 64  # keep, red, sync (+ alignment)
-        manifest.append({"name": name, "rows": rows, "cols": cols, "dtype": dtype, "itemsize": itemsize,
-                         "grid": rows * plan.chunks, "block": lanes, "smem": smem, "plan": str(plan)})
+        manifest.append({"name": name, "rows": rows, "cols": cols, "dtype": dtype,
+                         "itemsize": tvm.DataType(dtype).bits // 8, "grid": rows * plan.chunks, "block": plan.lanes,
+                         "smem": smem, "plan": str(plan)})
         print(name, plan, flush=True)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
 

@@ -19,8 +19,10 @@ def test_stamps_mark_the_phases_of_a_generated_kernel(rows, cols, dtype, tmp_pat
     plan = S.cuda_plan(rows, cols, dtype, "sm_90")
     assert plan.cache == "l2" and (plan.chunks > 1) == (rows < 66)  # streamed; the split for the few rows
     target = targets.resolve("cuda-sm90").target
-    src = tvm.compile(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, target).mod.imports[0].inspect_source()
-    out = softmax_phases.stamped(src)
+    lib, smem = softmax_phases.compile_with_dyn_shmem(S.schedule_cuda(rows, cols, dtype, "softmax", plan).mod, target)
+    keep = plan.cached * plan.per_thread * plan.lanes * 16  # the row's cached part: 16-byte vectors per thread
+    assert keep < smem <= min(keep + 1024, 227 << 10)  # and the block reduction's few words; one SM's limit
+    out = softmax_phases.stamped(lib.mod.imports[0].inspect_source())
     at = [out.index(STAMP.format(i)) for i in range(4)]
     assert at == sorted(at) and all(out.count(STAMP.format(i)) == 1 for i in range(4))
     entry, first_reduce, pass2 = (out.index(s) for s in ("buf_dyn_shmem", "__shfl_xor_sync", "for (int ti = 0;"))
