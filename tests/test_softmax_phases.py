@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-import tvm
 
 from benchmarks import softmax_phases
 from compiler import targets
