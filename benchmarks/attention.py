@@ -408,7 +408,8 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
                                 "cores": os.cpu_count(), "load_avg": list(os.getloadavg())})
                 print(json.dumps(records[-1]), flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"machine": platform.machine(), "cpu": targets.resolve("cpu").isa_summary(), "rounds": rounds}
+    machine = {"machine": platform.machine(), "cpu": targets.resolve("cpu").isa_summary(), "rounds": rounds,
+               "baseline": str(baseline) if baseline else None}
     (out / "attention-cpu.json").write_text(json.dumps(machine | {"records": records}, indent=1))
 
 
