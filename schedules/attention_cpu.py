@@ -166,8 +166,10 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
                     for ii in T.vectorized(QB):
                         ot[cb * RC + r, ib * QB + ii] = acc0[r, ii]
                         ot[cb * RC + HC + r, ib * QB + ii] = acc1[r, ii]
+        # Oᵀ's column i gathered into output row i: +3-4 % at 128-197 tokens against element by element, level at 512
+        # (Qᵀ's copy by gathers measured 5 % slower at 512 and stays element by element)
         for i in range(T.min(NQ, sq - i0)):
-            for c in range(DV):
+            for c in T.vectorized(DV):
                 out[b, i0 + i, h, c] = T.Cast(dtype, ot[c, i] / lsum[i])  # 0/0 = NaN for a fully masked row
 
     nq = (sq + BQ - 1 - (FQ if has_few else 0)) // BQ  # tasks of the main register block per (batch, head)
