@@ -30,12 +30,13 @@ RC = 4  # value columns per register block of Oᵀ
 
 
 def blocks(target: tvm.target.Target) -> list[tuple[int, int]]:
-    """Register blocks of Sᵀ, (query lanes, keys): the main one, then one for a sequence's last task where it has at
-    most that many rows (ViT's 197 tokens: 3 tasks of 64 rows and one of 5, which as 16 lanes instead of 64 took
-    1 x 197 x 12 x 64 from 0.42 to 0.35 ms). AVX-512's 32 registers hold 4 keys x 4 vectors of accumulators (6 x 4:
-    3 % slower at 512 keys; 8 x 4 spills; 8 x 2: 5 % slower), then 8 x 1; AVX2's 16 hold 6 x 2 (4 x 2: 2 % slower,
-    timed as AVX2 code on an AVX-512 machine)."""
-    return [(64, 4), (16, 8)] if codegen.target_has_features("avx512f", target) else [(16, 6)]
+    """Register blocks of Sᵀ, (query lanes, keys): the main one, then, narrowest first, at most two for a sequence's
+    last task where it has at most that many rows. ViT's 197 tokens are 3 tasks of 64 rows and one of 5: as 16 lanes
+    instead of 64 it took 1 x 197 x 12 x 64 from 0.42 to 0.35 ms; a last task of 22 rows (150 tokens) as 32 lanes
+    0.26 -> 0.22 ms, of 26 (90 tokens) 0.11 -> 0.09 (best of rounds). AVX-512's 32 registers hold 4 keys x 4 vectors
+    of accumulators (6 x 4: 3 % slower at 512 keys; 8 x 4 spills; 8 x 2: 5 % slower), the narrower blocks 8 x 1 and
+    8 x 2; AVX2's 16 hold 6 x 2 (4 x 2: 2 % slower, timed as AVX2 code on an AVX-512 machine)."""
+    return [(64, 4), (16, 8), (32, 8)] if codegen.target_has_features("avx512f", target) else [(16, 6)]
 
 
 def tiles(seq_q, seq_kv, qb: int, rj: int) -> tuple[int, int]:
@@ -60,9 +61,10 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
 
     (QB, RJ), *few = blocks(target)
     BQ = tiles(sq, skv, QB, RJ)[0]
-    few = [(qb, rj) for qb, rj in few if not isinstance(sq, int) or 0 < sq % BQ <= qb]  # a last task it fits
-    has_few, (FQ, FJ) = bool(few), (few or [(0, 1)])[0]
-    BK = tiles(sq, skv, QB, math.lcm(RJ, FJ))[1]
+    if isinstance(sq, int):  # the narrowest block the last task fits, if any (a symbolic length keeps them all)
+        few = [f for f in few if 0 < sq % BQ <= f[0]][:1]
+    BK = tiles(sq, skv, QB, math.lcm(RJ, *(rj for _, rj in few)))[1]
+    (F1, J1), (F2, J2) = (few + [(0, 1)] * 2)[:2]  # (a missing block's loop is not written)
     # each register block is held in two halves: TVM puts a local buffer of 1 KB or more on the heap, where LLVM
     # cannot keep it in registers (16 vectors of 64 bytes in one buffer: half the speed)
     HC = RC // 2
@@ -172,19 +174,26 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
             for c in T.vectorized(DV):
                 out[b, i0 + i, h, c] = T.Cast(dtype, ot[c, i] / lsum[i])  # 0/0 = NaN for a fully masked row
 
-    nq = (sq + BQ - 1 - (FQ if has_few else 0)) // BQ  # tasks of the main register block per (batch, head)
+    nq = (sq + BQ - 1 - max([0] + [qb for qb, _ in few])) // BQ  # tasks of the main register block per (batch, head)
     has_main = not isinstance(nq, int) or nq > 0
 
     @T.macro
+    def last_task(q, k, v, bias, out, low, FQ, FJ):
+        """The (batch, head)s' last query task where it has low < rows <= FQ."""
+        for t in T.parallel(batch * H):
+            if low < sq % BQ and sq % BQ <= FQ:
+                task(q, k, v, bias, out, t // H, t % H, sq - sq % BQ, FQ, FQ, FJ)
+
+    @T.macro
     def body(q, k, v, bias, out):
-        # the tasks of few rows in a parallel loop of their own: in one loop body, StorageRewrite gave both kinds of
+        # the tasks of few rows in parallel loops of their own: in one loop body, StorageRewrite gave both kinds of
         # task the same memory for their register blocks, which LLVM then no longer kept in registers (1.6x as long)
         if has_main:
             for t in T.parallel(batch * H * nq):
                 task(q, k, v, bias, out, t // (H * nq), t // nq % H, t % nq * BQ, BQ, QB, RJ)
-        if has_few:
-            for t in T.parallel(batch * H):
-                if 0 < sq % BQ and sq % BQ <= FQ:
-                    task(q, k, v, bias, out, t // H, t % H, sq - sq % BQ, FQ, FQ, FJ)
+        if len(few) > 0:
+            last_task(q, k, v, bias, out, 0, F1, J1)
+        if len(few) > 1:
+            last_task(q, k, v, bias, out, F1, F2, J2)
 
     return kernel_signature(spec, body)
