@@ -234,7 +234,10 @@ def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) ->
     """Rows in parallel, each row's passes vectorised to the target's vector width."""
     from tvm.target.codegen import llvm_get_vector_width
 
-    lanes = max(4, llvm_get_vector_width(target) // 32)
+    # two vector registers per step: two independent chains for the running max and sum. Against one, in one process
+    # with onnxruntime interleaved (best of 30, benchmarks/softmax.py's CPU shapes): 1.00-1.18x on AVX-512, 1.05-1.60x
+    # as AVX2 code; four (AVX-512) won on some shapes and lost 14 % on 8 x 262144 float32
+    lanes = 2 * max(4, llvm_get_vector_width(target) // 32)
     prefetch = rows > 1 and cols * tvm.DataType(dtype).bits // 8 <= _PREFETCH_ROW_BYTES
     scratch = dtype != softmax_tir.ACC  # float16: exp(x - max) kept in a float32 row buffer, not recomputed
     sch = _schedule(softmax_tir.cpu(rows, cols, dtype, kind, lanes, prefetch, scratch), kind)
