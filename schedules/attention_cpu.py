@@ -39,16 +39,24 @@ def blocks(target: tvm.target.Target) -> list[tuple[int, int]]:
     return [(64, 4), (16, 8), (32, 8)] if codegen.target_has_features("avx512f", target) else [(16, 6)]
 
 
-def tiles(seq_q, seq_kv, qb: int, rj: int) -> tuple[int, int]:
-    """(query rows per task, keys per tile): for static lengths the sizes that pad least, since padded rows and
-    keys are computed in full; BQ, BK for symbolic ones. Query rows come in multiples of ``qb``, keys of ``rj``."""
-    bq, bk = BQ, -(-BK // rj) * rj
-    if isinstance(seq_q, int):
-        per_task = -(-seq_q // -(-seq_q // BQ))  # as many tasks as BQ needs, rows shared evenly
-        bq = qb * -(-per_task // qb)
-    if isinstance(seq_kv, int):  # ties: the longer tile (fewer rescales)
-        bk = min(range(4 * rj, bk + 1, rj), key=lambda t: (-(-seq_kv // t) * t, -t))
-    return bq, bk
+# Padded query rows and keys are computed in full: static lengths get the tile sizes that pad least.
+
+
+def query_rows(seq_q, qb: int) -> int:
+    """Query rows per task: as many tasks as BQ needs, rows shared evenly, in multiples of ``qb``; BQ if symbolic."""
+    if not isinstance(seq_q, int):
+        return BQ
+    per_task = -(-seq_q // -(-seq_q // BQ))
+    return qb * -(-per_task // qb)
+
+
+def key_tile(seq_kv, rj: int) -> int:
+    """Keys per tile, a multiple of ``rj`` up to BK rounded up to one: the least padding, ties to the longer tile
+    (fewer rescales); the longest if symbolic."""
+    longest = -(-BK // rj) * rj
+    if not isinstance(seq_kv, int):
+        return longest
+    return min(range(4 * rj, longest + 1, rj), key=lambda t: (-(-seq_kv // t) * t, -t))
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -60,10 +68,10 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     f32, neg_inf = "float32", T.float32("-inf")
 
     (QB, RJ), *few = blocks(target)
-    BQ = tiles(sq, skv, QB, RJ)[0]
+    BQ = query_rows(sq, QB)
     if isinstance(sq, int):  # the narrowest block the last task fits, if any (a symbolic length keeps them all)
         few = [f for f in few if 0 < sq % BQ <= f[0]][:1]
-    BK = tiles(sq, skv, QB, math.lcm(RJ, *(rj for _, rj in few)))[1]
+    BK = key_tile(skv, math.lcm(RJ, *(rj for _, rj in few)))
     (F1, J1), (F2, J2) = (few + [(0, 1)] * 2)[:2]  # (a missing block's loop is not written)
     # each register block is held in two halves: TVM puts a local buffer of 1 KB or more on the heap, where LLVM
     # cannot keep it in registers (16 vectors of 64 bytes in one buffer: half the speed)

@@ -520,9 +520,12 @@ def test_cpu_tiles_pad_least():
     blocks (query rows in multiples of the block's lanes, keys of its keys)."""
     from tvm import tirx
 
-    from schedules.attention_cpu import BK, BQ, tiles
+    from schedules.attention_cpu import BK, BQ, key_tile, query_rows
 
-    assert tiles(197, 197, 64, 4) == (64, 40)  # ViT on AVX-512: 197 keys in 5 tiles of 40, not 4 of 64
-    assert tiles(197, 197, 16, 6) == (64, 66) and tiles(100, 100, 16, 6) == (64, 54)
-    assert tiles(128, 128, 64, 4) == (64, 64) and tiles(256, 256, 16, 6) == (64, 66)
-    assert tiles(tirx.Var("n", "int64"), tirx.Var("m", "int64"), 64, 4) == (BQ, BK)
+    def tiles(seq, qb, rj):
+        return query_rows(seq, qb), key_tile(seq, rj)
+
+    assert tiles(197, 64, 4) == (64, 40)  # ViT on AVX-512: 197 keys in 5 tiles of 40, not 4 of 64
+    assert tiles(197, 16, 6) == (64, 66) and tiles(100, 16, 6) == (64, 54)
+    assert tiles(128, 64, 4) == (64, 64) and tiles(256, 16, 6) == (64, 66)
+    assert (query_rows(tirx.Var("n", "int64"), 64), key_tile(tirx.Var("m", "int64"), 4)) == (BQ, BK)
