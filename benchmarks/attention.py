@@ -24,7 +24,6 @@ rest go on.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import random
@@ -337,6 +336,10 @@ def summary(records: list[dict]) -> None:
 
 
 CPU_SHAPES = [(2, 512, 8, 64), (1, 197, 12, 64)]  # (batch, seq, heads, head dim): the GPU benchmark's kind; ViT-B's
+# (shape, dtype, causal, mask): each shape in float32 and float16, causal and not, unmasked; then BERT-base as the
+# transformers exporter writes it, the padding mask expanded to a [1, 1, s, s] additive bias, at 128 and 512 tokens
+CPU_CASES = [(shape, dtype, causal, False) for shape in CPU_SHAPES for dtype in ("float32", "float16")
+             for causal in (False, True)] + [((1, s, 12, 64), "float32", False, True) for s in (128, 512)]
 
 
 def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
@@ -369,20 +372,25 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
         builds["tvmpipe-baseline"] = (True, mock.patch.object(schedules.attention_cpu, "kernel", old.kernel))
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for (b, s, h, d), (dtype, elem), causal in itertools.product(
-            CPU_SHAPES, (("float32", TensorProto.FLOAT), ("float16", TensorProto.FLOAT16)), (False, True)
-        ):
-            node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=h,
-                                    is_causal=int(causal))
+        for (b, s, h, d), dtype, causal, masked in CPU_CASES:
+            elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
+            names = ["q", "k", "v"] + (["mask"] if masked else [])
+            node = helper.make_node("Attention", names, ["y"], q_num_heads=h, kv_num_heads=h, is_causal=int(causal))
             io = [helper.make_tensor_value_info(n, elem, [b, s, h * d]) for n in "qkvy"]
-            model = helper.make_model(helper.make_graph([node], "attention", io[:3], io[3:]),
+            if masked:
+                io.insert(3, helper.make_tensor_value_info("mask", elem, [1, 1, s, s]))
+            model = helper.make_model(helper.make_graph([node], "attention", io[:-1], io[-1:]),
                                       opset_imports=[helper.make_opsetid("", 23)])
             model.ir_version = 10
             path = Path(tmp) / "attention.onnx"
             onnx.save(model, path)
             rng = np.random.default_rng(0)
             inputs = {n: rng.standard_normal((b, s, h * d)).astype(dtype) for n in "qkv"}
-            ref = {"y": _reference_bshd(*(inputs[n].reshape(b, s, h, d) for n in "qkv"), causal).reshape(b, s, h * d)}
+            if masked:  # the last eighth of the keys padding, at the exporter's finfo.min
+                inputs["mask"] = np.zeros((1, 1, s, s), dtype)
+                inputs["mask"][..., -s // 8 :] = np.finfo(dtype).min
+            qkv = (inputs[n].reshape(b, s, h, d) for n in "qkv")
+            ref = {"y": _reference_bshd(*qkv, causal, inputs.get("mask")).reshape(b, s, h * d)}
             impls = {}
             for impl, (custom, patch) in builds.items():
                 with patch:
@@ -402,7 +410,8 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
             for impl, (result, _) in impls.items():
                 ms = float(np.median(times[impl]))
                 err = errors(result, ref)["max_rel_err"]
-                records.append({"impl": impl, "dtype": dtype, "causal": causal, "batch": b, "seq": s, "heads": h,
+                records.append({"impl": impl, "dtype": dtype, "causal": causal, "mask": [1, 1, s, s] if masked else None,
+                                "batch": b, "seq": s, "heads": h,
                                 "d": d, "ms": ms, "min_ms": min(times[impl]), "runs": len(times[impl]),
                                 "gflops": flops / ms / 1e6, "max_rel_err": err, "correct": err <= CPU_TOL[dtype],
                                 "cores": os.cpu_count(), "load_avg": list(os.getloadavg())})
@@ -416,12 +425,15 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
 CPU_TOL = {"float32": 1e-4, "float16": 5e-3}  # normwise relative error against float64
 
 
-def _reference_bshd(q, k, v, causal: bool):
-    """softmax(q kᵀ / sqrt(d) (+ causal mask)) v in float64, [batch, seq, heads, dim] (an independent reference)."""
+def _reference_bshd(q, k, v, causal: bool, bias=None):
+    """softmax(q kᵀ / sqrt(d) (+ bias) (+ causal mask)) v in float64, [batch, seq, heads, dim] (an independent
+    reference)."""
     import numpy as np
 
     q, k, v = (np.asarray(t, np.float64).transpose(0, 2, 1, 3) for t in (q, k, v))
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + np.asarray(bias, np.float64)
     if causal:
         scores = np.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))

@@ -8,7 +8,7 @@ queries), the output as Oᵀ (value columns x queries), Q as Qᵀ. Both products
 element of a K or V row as it lies in memory against whole vectors of queries, in register blocks of
 ``rj`` keys (``RC`` value columns) x ``qb`` queries; the softmax's row max and sum are lane-wise (no
 reduction across lanes) and rescaling a row is a vector multiply. Only Q's copy and the output's store
-are transposed, once per task, not per key tile. (Rows across the lanes instead, with the K tile
+are transposed, once per task, not per key tile; and a bias that varies along the query rows, per key tile. (Rows across the lanes instead, with the K tile
 transposed for every query tile and each row's max and sum reduced across the lanes, took 1.2-1.7x as long:
 ``benchmarks/attention.py --cpu`` on 2 AVX-512 cores.) ``exp`` is a vectorisable polynomial.
 """
@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 
 import tvm
+from tvm import tirx
 from tvm.script import tirx as T
 from tvm.target import codegen
 
-from .attention import causal_offset, kernel_signature
+from .attention import broadcast_index, causal_offset, kernel_signature
 from .softmax_tir import vexp as exp  # the softmax kernel's vectorisable e^(x - max); NaN stays NaN
 
 BQ = 64  # query rows per task at most (amortises Qᵀ's copy; a whole number of register blocks' lanes)
@@ -37,6 +38,18 @@ def blocks(target: tvm.target.Target) -> list[tuple[int, int]]:
     of accumulators (6 x 4: 3 % slower at 512 keys; 8 x 4 spills; 8 x 2: 5 % slower), the narrower blocks 8 x 1 and
     8 x 2; AVX2's 16 hold 6 x 2 (4 x 2: 2 % slower, timed as AVX2 code on an AVX-512 machine)."""
     return [(64, 4), (16, 8), (32, 8)] if codegen.target_has_features("avx512f", target) else [(16, 6)]
+
+
+def transpose(rows: list) -> list:
+    """The transpose of n vectors of n lanes (n a power of two) as log2(n) stages of two-input shuffles, row r and row
+    r + s swapping their blocks of s lanes, which LLVM keeps in registers (unpack and permute instructions). TIR
+    has no transpose of a vector block; written element by element, a 512 x 512 float32 transpose took 3.4x as long."""
+    n = len(rows)
+    for s in (1 << k for k in range(n.bit_length() - 1)):
+        pick = [[blk + off + (n - s if off >= s else 0) + hi * s for blk in range(0, n, 2 * s) for off in range(2 * s)]
+                for hi in (0, 1)]  # the lanes of (row r, row r + s) that make the new row r and row r + s
+        rows = [tirx.Shuffle([rows[r & ~s], rows[r | s]], pick[bool(r & s)]) for r in range(n)]
+    return rows
 
 
 # Padded query rows and keys are computed in full: static lengths get the tile sizes that pad least.
@@ -66,6 +79,15 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     f32, neg_inf = "float32", T.float32("-inf")
+    L = 16 if codegen.target_has_features("avx512f", target) else 8  # float32 lanes of a vector register
+    # A bias that varies along the query rows varies across the vector lanes. Read there, each vector is a gather
+    # from QB bias rows; when their stride is a multiple of 1 KB those rows' cache lines share a few L1 sets and
+    # evict each other between keys. Then each key tile's bias is transposed into Sᵀ first, in L x L blocks (1 x s x 8
+    # x 64 with a [1, 1, s, s] bias: 1024 keys 11.0 -> 6.3 ms, 768 3.42 -> 3.24, 512 (12 heads) 2.84 -> 2.15, 256
+    # 0.386 -> 0.363); at other lengths the gathers are level with it or up to 8 % faster (150, 197, 640 keys).
+    row_bias = has_bias and not (isinstance(spec.bias_shape[-2], int) and spec.bias_shape[-2] == 1)
+    stride = skv * tvm.DataType(spec.bias_dtype).bits // 8 if has_bias and isinstance(skv, int) else 0
+    stage_bias = row_bias and stride % 1024 == 0
 
     (QB, RJ), *few = blocks(target)
     BQ = query_rows(sq, QB)
@@ -88,10 +110,38 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
                 j = T.meta_var(jb * RJ + rows + r)
                 i = T.meta_var(ib * QB + ii)
                 visible = T.meta_var(spec.visible(i0 + i, j0 + j))
-                if has_bias:
+                if stage_bias:
+                    st[j, i] = T.if_then_else(visible, acc[r, ii] + st[j, i], neg_inf)
+                elif has_bias:
                     st[j, i] = T.if_then_else(visible, acc[r, ii] + spec.bias_at(bias, b, h, i0 + i, j0 + j), neg_inf)
                 else:
                     st[j, i] = T.if_then_else(visible, acc[r, ii], neg_inf)
+
+    def bias_rows(bias, b, h, i, j) -> list:
+        """L vectors of the bias in fp32: rows i .. i + L - 1 (clamped to the last), keys j .. j + L - 1."""
+        row = [broadcast_index(spec.bias_shape, b, h, T.min(i + r, sq - 1)) for r in range(L)]
+        return [bias[(*row[r], T.Ramp(j, 1, L))].astype(f"float32x{L}") for r in range(L)]
+
+    @T.macro
+    def bias_columns(bias, st, b, h, i, j, ii, jj, c, again):
+        """Sᵀ rows jj + c .. jj + L - 1, lanes ii .. ii + L - 1 = the bias's rows i .. i + L - 1, keys j + c .. j + L - 1.
+        (TVMScript has no Python loop over statements: the macro unrolls itself by calling ``again``, itself.)"""
+        if c < L:
+            st[jj + c, T.Ramp(ii, 1, L)] = transpose(bias_rows(bias, b, h, i, j))[c]
+            again(bias, st, b, h, i, j, ii, jj, c + 1, again)
+
+    @T.macro
+    def stage_tile(bias, st, b, h, i0, j0, NQ):
+        """The bias of the key tile from j0 into Sᵀ, transposed: whole L x L blocks in registers, the rest (keys past
+        the end; a tile's last BK % L keys) element by element."""
+        for ib, jb in T.grid(NQ // L, BK // L):
+            if j0 + jb * L + L <= skv:
+                bias_columns(bias, st, b, h, i0 + ib * L, j0 + jb * L, ib * L, jb * L, 0, bias_columns)
+            else:
+                for i, jj in T.grid(L, L):
+                    st[jb * L + jj, ib * L + i] = spec.bias_at(bias, b, h, i0 + ib * L + i, j0 + jb * L + jj)
+        for i, jj in T.grid(NQ, BK % L):
+            st[BK - BK % L + jj, i] = spec.bias_at(bias, b, h, i0 + i, j0 + BK - BK % L + jj)
 
     @T.macro
     def task(q, k, v, bias, out, b, h, i0, NQ, QB, RJ):
@@ -130,6 +180,8 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
                     )
             # Sᵀ = K Qᵀ, RJ keys x QB queries at a time (each Qᵀ vector loaded once for RJ keys; K read where it
             # lies, keys past the end clamped to the last and masked: a float32 copy of the tile measured 2-5 % slower)
+            if stage_bias:
+                stage_tile(bias, st, b, h, i0, j0, NQ)
             for jb, ib in T.grid(BK // RJ, NQ // QB):
                 for r in T.unroll(HJ):
                     for ii in T.vectorized(QB):

@@ -98,6 +98,9 @@ CPU_CASES = {
     "key-padding": (2, 33, 65, 2, 2, 16, "float32", (2, 1, 1, 65), None),
     "additive-mask-causal": (1, 45, 45, 2, 2, 8, "float16", (1, 2, 45, 45), "TopLeft"),
     "bfloat16-gqa-tail": (2, 70, 70, 4, 2, 32, "bfloat16", None, None),
+    # bias rows 1 KB apart: each key tile's bias transposed in registers first
+    "row-bias-1k-stride": (2, 70, 256, 2, 2, 16, "float32", (2, 1, 70, 256), None),
+    "row-bias-fp16-causal": (1, 45, 512, 2, 1, 8, "float16", (1, 2, 45, 512), "BottomRight"),
 }
 
 
@@ -462,12 +465,15 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
 
-def test_cpu_symbolic_batch_and_sequence(rng):
-    """One compiled kernel for any batch / sequence length."""
+@pytest.mark.parametrize("row_bias", [False, True])
+def test_cpu_symbolic_batch_and_sequence(rng, row_bias):
+    """One compiled kernel for any batch / sequence length; with a bias of [b, 1, s, s], one that transposes its tiles
+    (a tile's ragged keys element by element)."""
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
-    vm = compile_cpu(attention_module(b, s, s, 4, 2, 16, "float32", causal="BottomRight"))
+    bias = (b, 1, s, s) if row_bias else None
+    vm = compile_cpu(attention_module(b, s, s, 4, 2, 16, "float32", bias, causal="BottomRight"))
     for batch, seq in ((2, 37), (1, 130), (1, 90)):  # last query tasks of 37, 2 and 26 rows
-        arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32")
+        arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32", bias and (batch, 1, seq, seq))
         assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
 
 
@@ -492,27 +498,45 @@ def test_cuda_package_holds_compiled_kernel(tmp_path, seq, d, dtype, causal, tma
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
 
 
+@pytest.mark.parametrize("skv, bias", [(150, None), (256, (1, 4, 70, 256))], ids=["plain", "row-bias"])
 @pytest.mark.parametrize("mcpu, register, isa", [("skylake-avx512", "zmm", "avx512f"), ("znver3", "ymm", "avx2")])
-def test_cpu_kernel_either_vector_width(rng, mcpu, register, isa):
+def test_cpu_kernel_either_vector_width(rng, mcpu, register, isa, skv, bias):
     """The kernel's AVX-512 form (register blocks of 64 queries x 4 keys, and 16 x 8 for the last 6 of the 70 rows)
     and its AVX2 form (16 x 6) both compile, to that width's registers, whichever this machine is; each runs against
     float64 where this CPU has its ISA (the tests above run only this machine's form). Odd lengths, grouped heads, an
-    odd value dim (Oᵀ padded by a row)."""
+    odd value dim (Oᵀ padded by a row); a bias transposed in blocks of 16 x 16 or 8 x 8."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cpu import kernel
 
-    b, sq, skv, h, hkv, d, dv = 2, 70, 150, 4, 2, 24, 7  # 150 keys: 3 tiles of 52 (AVX-512), 5 of 30 (AVX2)
-    spec = AttentionSpec(b, sq, skv, h, hkv, d, dv, "float32", 0.2, "BottomRight", None, None)
+    b, sq, h, hkv, d, dv = 2, 70, 4, 2, 24, 7  # 150 keys: 3 tiles of 52 (AVX-512), 5 of 30 (AVX2)
+    spec = AttentionSpec(b, sq, skv, h, hkv, d, dv, "float32", 0.2, "BottomRight", bias, bias and "float32")
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
     lib = tvm.compile(tvm.IRModule({"main": kernel(spec, target).with_attr("global_symbol", "main")}), target)
     asm = lib.mod.inspect_source("asm")
     assert ("zmm" in asm) == (register == "zmm") and "vfmadd" in asm
     if isa not in targets.host_cpu_flags():
         pytest.skip(f"this CPU has no {isa} to run it")
-    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", dv=dv)
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", bias, dv=dv)
     out = tvm.runtime.empty((b, sq, h, dv), "float32")
-    lib["main"](*[tvm.runtime.tensor(arrays[n]) for n in "qkv"], out)
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays.values()], out)
     assert_close(out.numpy(), reference(**arrays, causal="BottomRight", scale=0.2), "float32")
+
+
+def test_cpu_bias_transposed_where_its_rows_alias():
+    """A bias varying along the query rows is transposed a key tile at a time where its rows lie a multiple of 1 KB
+    apart (their cache lines would evict each other between gathers) or at a length not known; elsewhere it is
+    gathered, and a bias of one row per key is broadcast."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cpu import kernel
+
+    def transposes(skv, bias, dtype="float32") -> bool:
+        spec = AttentionSpec(1, 40, skv, 2, 2, 16, 16, "float32", 0.25, "none", bias, dtype)
+        return "T.Shuffle" in kernel(spec, targets.resolve("cpu").target).script()
+
+    s = tvm.tirx.Var("s", "int64")
+    assert transposes(256, (1, 1, 40, 256)) and transposes(512, (1, 2, 40, 512), "float16") and transposes(s, (1, 1, 40, s))
+    assert not transposes(150, (1, 1, 40, 150)) and not transposes(256, (1, 1, 40, 256), "float16")
+    assert not transposes(256, (1, 1, 1, 256)) and not transposes(s, (1, 2, 1, s))
 
 
 def test_cpu_tiles_pad_least():
