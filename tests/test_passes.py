@@ -199,6 +199,31 @@ def test_attention_with_broadcast_bias(capsys, tmp_path, rng, bias_shape):
     assert [op for k in ks for op in k["ops"]].count("relax.nn.attention_bias") == 1, ks
 
 
+@pytest.mark.parametrize("same_rows", [True, False])
+def test_attention_bias_same_for_every_query_is_one_row(capsys, tmp_path, rng, same_rows):
+    """transformers' exports spell a [b, s_k] padding mask out over the query rows: And with an all-true [1, 1, s_q, 1]
+    constant, then Where(·, 0, finfo.min). The fused op gets it as [b, 1, 1, s_k]; a constant that differs between
+    rows keeps the full [b, 1, s_q, s_k]. Both match onnxruntime."""
+    from compiler import pipeline
+    from schedules.attention import AttentionSpec
+
+    g = blocks.Graph()
+    q, k, v = g.input("q", [2, 3, 5, 4]), g.input("k", [2, 3, 6, 4]), g.input("v", [2, 3, 6, 4])
+    keep = g.n("Unsqueeze", [g.n("Cast", [g.input("keys", [2, 6], TP.INT64)], to=TP.BOOL), g.c(np.int64([1, 2]))])
+    rows = np.ones((1, 1, 5, 1), bool)
+    rows[0, 0, 3] = same_rows
+    bias = g.n("Where", [g.n("And", [g.c(rows), keep]), g.c(np.float32(0)), g.c(np.finfo(np.float32).min)])
+    scores = g.n("Add", [g.n("MatMul", [q, g.n("Transpose", [k], perm=[0, 1, 3, 2])]), bias])
+    model = g.model([g.n("MatMul", [g.n("Softmax", [scores], axis=-1), v])])
+    inputs = random_inputs(model, rng)
+    inputs["keys"] = np.int64([[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 1]])
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    assert all(rel_err(ours[n], ref[n]) < 1e-5 for n in ref)
+    mod = pipeline.prepare(tmp_path / "model.onnx", "cpu").mod
+    (spec,) = filter(None, (AttentionSpec.of(f) for f in mod.functions.values() if hasattr(f, "params")))
+    assert spec.bias_shape == ((2, 1, 1, 6) if same_rows else (2, 1, 5, 6))
+
+
 def test_torch_sdpa_export_is_one_kernel(capsys, tmp_path, rng):
     """torch.onnx (dynamo) writes SDPA as: Q and Kᵀ each scaled by sqrt(scale), a boolean mask turned into
     Where(mask, 0, -inf), Softmax, then Where(IsNaN(P), 0, P) before P·V (BERT, GPT-2 in the zoo). One attention

@@ -15,6 +15,8 @@ exporter's head-split transposes in ``SimplifyLayout``. A constant mask that is 
 ``causal_mask="TopLeft"`` (offset 0) or ``"BottomRight"`` (offset ``seq_k - seq_q`` > 0, TVM's definition),
 anything else the ``bias`` (4-D, broadcast to ``[batch, heads, seq_q, seq_k]``). Masks whose masked value
 is finite but <= -1e4 give weights that are exactly 0 in float32 either way, so causal_mask is exact too.
+A bias that is the same for every query row but spelled out over them (transformers' exports expand the
+padding mask to ``[batch, 1, seq_q, seq_k]`` with an all-true constant) is given to the op as one row.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ _NAN_ZEROED = is_op("relax.where")(is_op("relax.isnan")(wildcard()), wildcard(),
 _PV = is_op("relax.matmul")(_PROBS | _NAN_ZEROED | is_op("relax.astype")(_NAN_ZEROED), wildcard())
 _PATTERN = _PV | is_op("relax.astype")(_PV)
 _MASKED = -1e4  # additive values at or below this give exp(.) == 0 in float32: a masked position
+# ops whose output at an index depends only on their (broadcast) inputs at that index
+_ELEMENTWISE = {f"relax.{name}" for name in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "negative", "astype", "where", "logical_and",
+    "logical_or", "logical_not", "bitwise_and", "bitwise_or", "equal", "not_equal", "less", "less_equal", "greater",
+    "greater_equal")}
 
 
 def _not_default_attention_dtypes(record: logging.LogRecord) -> bool:
@@ -150,8 +157,26 @@ def _peel_scale(x: relax.Expr, var2val: dict, uses) -> tuple[relax.Expr, float]:
     return _scaled(call, var2val) or (x, 1.0)
 
 
-def _bias(found: _Scores, sq: int, sk: int, dt: str) -> tuple[relax.Expr | None, tuple[int, ...], str | None]:
-    """Split the masks into one additive bias (or None), its shape, and a causal_mask (or None)."""
+def _uniform(x: relax.Expr, axis: int, var2val: dict) -> bool:
+    """Whether ``x`` is the same at every index of ``axis`` (from the end): extent 1 there, a constant equal along
+    it, or an elementwise function of such tensors."""
+    value = const_array(x)
+    if value is not None:
+        return value.ndim < -axis or bool((value == value.take([0], axis=axis)).all())
+    call = x if isinstance(x, relax.Call) else var2val.get(x)
+    if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _ELEMENTWISE:
+        return all(_uniform(a, axis, var2val) for a in call.args)
+    if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.broadcast_to":
+        return _uniform(call.args[0], axis, var2val)
+    shape = static_shape(x)
+    return shape is not None and (len(shape) < -axis or shape[axis] == 1)
+
+
+def _bias(found: _Scores, sq: int, sk: int, dt: str, var2val: dict) -> tuple[relax.Expr | None, tuple[int, ...], str | None]:
+    """Split the masks into one additive bias (or None), its shape, and a causal_mask (or None). A bias the same
+    for every query row becomes one row: the kernels read a [b, h, 1, s_k] bias once per key (the CPU kernel holds
+    query rows across its vector lanes and gathers a bias that varies along them: BERT-base's exported mask,
+    [1, 1, 128, 128], took its attention from 0.128 to 0.14-0.15 ms)."""
     consts = [const_array(m).astype(np.float64) * k for m, k, _ in found.masks if isinstance(m, tvm.ir.GenericConst)]
     terms = [(m if k == 1 else relax.op.multiply(m, relax.const(k, dt)), shape)
              for m, k, shape in found.masks if not isinstance(m, tvm.ir.GenericConst)]
@@ -166,7 +191,11 @@ def _bias(found: _Scores, sq: int, sk: int, dt: str) -> tuple[relax.Expr | None,
     bias = terms[0][0]
     for t, _ in terms[1:]:
         bias = relax.op.add(bias, t)
-    return bias, np.broadcast_shapes(*(shape for _, shape in terms)), causal or None
+    shape = np.broadcast_shapes(*(shape for _, shape in terms))
+    if len(shape) >= 2 and shape[-2] > 1 and all(_uniform(t, -2, var2val) for t, _ in terms):
+        bias = relax.op.strided_slice(bias, axes=[len(shape) - 2], begin=[0], end=[1])
+        shape = (*shape[:-2], 1, shape[-1])
+    return bias, shape, causal or None
 
 
 def _is_transpose(x: relax.Expr, axes: list[int], var2val: dict) -> bool:
@@ -260,7 +289,7 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     # Same batch for Q, K, V; K/V heads equal to Q's or one head shared by all (multi-query).
     if shapes[3] != (*lead, sq, sk) or klead != vlead or klead[0] != lead[0] or klead[1:] not in ([], lead[1:], [1]):
         return out
-    bias, bshape, causal = _bias(found, sq, sk, dtype(out))
+    bias, bshape, causal = _bias(found, sq, sk, dtype(out), var2val)
     if bias is not None and (not bshape or bshape[-1] != sk):  # a scalar or a per-query bias: spell out its keys
         bshape = (*bshape[:-1], sk)
         bias = relax.op.broadcast_to(bias, bshape)
