@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug, settle  # noqa: E402
+from benchmarks.common import gpu_slug, interleaved  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "attention"
 LIB = BUILD / "attention.so"
@@ -399,13 +399,10 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
                 impls[impl] = (runner(**inputs), lambda n, r=runner: r.time(inputs, repeat=n, warmup=n).ms)
             ort = OrtSession(str(path), threads=os.cpu_count())
             impls["onnxruntime"] = (ort(inputs), lambda n: ort.time(inputs, repeat=n, warmup=n))
-            times: dict[str, list[float]] = {impl: [] for impl in impls}
-            order = list(impls)
-            for round_ in range(rounds):  # each round in its own order (the unfused lowering takes ~1 s a call)
-                random.Random(len(records) + round_).shuffle(order)
-                for impl in order:
-                    settle()  # the previous implementation's thread pool stops spinning; then as many untimed runs
-                    times[impl] += impls[impl][1](1 if impl == "tvm-unfused" else 5)
+            # each round in its own order; each turn as many untimed runs as timed (the unfused lowering: ~1 s a call)
+            times = interleaved({impl: lambda t=timer, n=1 if impl == "tvm-unfused" else 5: t(n)
+                                 for impl, (_, timer) in impls.items()}, rounds,
+                                order=lambda r, seed=len(records): random.Random(seed + r).sample(list(impls), len(impls)))
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
             for impl, (result, _) in impls.items():
                 ms = float(np.median(times[impl]))

@@ -35,7 +35,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "models")]
-from benchmarks.common import settle  # noqa: E402
+from benchmarks.common import interleaved, settle  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "attention-e2e"
 VARIANTS = {"fused": "tvmpipe default: attention is one hand-written kernel",
@@ -154,14 +154,10 @@ def measure(device: str, plan: list[dict], pkg_dir: Path, rounds: int, repeat: i
         ort = OrtSession(str(ref_path))
         ort_inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
         ref = ort(ort_inputs)
-        times: dict[str, list[float]] = {v: [] for v in (*VARIANTS, "onnxruntime-cpu")}
-        pause = settle if device == "cpu" else lambda: None  # the previous one's thread pool stops spinning
-        for _ in range(rounds):
-            for v in VARIANTS:
-                pause()
-                times[v] += runners[v].time(inputs, repeat=repeat, warmup=2).ms
-            pause()
-            times["onnxruntime-cpu"] += ort.time(ort_inputs, repeat=repeat, warmup=2)
+        turns = {v: lambda r=runners[v]: r.time(inputs, repeat=repeat, warmup=2).ms for v in VARIANTS}
+        turns["onnxruntime-cpu"] = lambda: ort.time(ort_inputs, repeat=repeat, warmup=2)
+        # (on the CPU the previous one's thread pool stops spinning first)
+        times = interleaved(turns, rounds, pause=settle if device == "cpu" else lambda: None)
         row = {"name": entry["name"], "dtype": dtype, "inputs": entry["inputs"], "variants": {}}
         for v in (*VARIANTS, "onnxruntime-cpu"):
             a = np.asarray(times[v])

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 # CPU: thread pools spin after a call, holding a core: TVM's worker for ~120 ms after the last kernel, onnxruntime's
 # for ~40 ms (each thread's CPU ticks in /proc, 2026-12-04). What is timed within that window shares the 2 cores with
@@ -19,6 +20,20 @@ POOL_SPIN_S = 0.25
 def settle() -> None:
     """Before timing one CPU implementation after another in the same process: wait out the other's spinning pool."""
     time.sleep(POOL_SPIN_S)
+
+
+def interleaved(turns: dict[str, Callable[[], list[float]]], rounds: int,
+                order: Callable[[int], list[str]] | None = None,
+                pause: Callable[[], None] = settle) -> dict[str, list[float]]:
+    """Each implementation's ``turn`` (its timed runs, ms) once a round, in ``order(round)`` (default: as given), each
+    after ``pause``: spread over the rounds, load from elsewhere on a shared machine hits every implementation alike.
+    The ms of every turn, per implementation."""
+    times: dict[str, list[float]] = {name: [] for name in turns}
+    for round_ in range(rounds):
+        for name in order(round_) if order else turns:
+            pause()
+            times[name] += turns[name]()
+    return times
 
 
 # Nsight Compute: the sections profiled, and (record key, ncu metric name) of the figures kept from them

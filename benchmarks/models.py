@@ -46,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug, settle  # noqa: E402
+from benchmarks.common import gpu_slug, interleaved  # noqa: E402
 
 CACHE = REPO / "build" / "zoo"
 RESULTS = REPO / "benchmarks" / "results"
@@ -229,12 +229,9 @@ def run_cpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
         ort = OrtSession(str(onnx_path(name, 1)), threads)
         inputs = MODELS[name].example(1)
         err = errors(runner(**inputs), ort(inputs))
-        ours, theirs = [], []
-        for _ in range(args.rounds):  # interleaved, so that load from elsewhere hits both alike
-            settle()  # onnxruntime's thread pool stops spinning
-            ours += runner.time(inputs, repeat=args.repeat, warmup=1).ms
-            settle()
-            theirs += ort.time(inputs, repeat=args.repeat, warmup=1)
+        times = interleaved({"tvmpipe": lambda: runner.time(inputs, repeat=args.repeat, warmup=1).ms,
+                             "onnxruntime": lambda: ort.time(inputs, repeat=args.repeat, warmup=1)}, args.rounds)
+        ours, theirs = times["tvmpipe"], times["onnxruntime"]
         rec.update(
             tvmpipe_ms=_median(ours), ort_ms=_median(theirs), speedup_vs_ort=_median(theirs) / _median(ours),
             tvmpipe_min_ms=min(ours), ort_min_ms=min(theirs),

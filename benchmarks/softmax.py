@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug, ncu_line, ncu_profile, settle  # noqa: E402
+from benchmarks.common import gpu_slug, interleaved, ncu_line, ncu_profile  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "softmax"
 GPU_SHAPES = [(4096, 4096), (32768, 1024), (65536, 128), (1024, 32768), (128, 131072), (16, 1048576), (4096, 50257)]
@@ -470,16 +470,18 @@ def profile(out: Path) -> None:
 # ---------------------------------------------------------------- CPU (here)
 
 
+def _timed(fn) -> float:
+    """ms of one call."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def _cpu_bench(fn, reps: int) -> float:
     """Best-of-``reps`` ms, after warm-up calls."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+    return min(_timed(fn) for _ in range(reps))
 
 
 CPU_ROUNDS = 6
@@ -491,21 +493,19 @@ def _cpu_bench_interleaved(fns: dict, reps: dict) -> dict:
     shared machine (one function timed after another, a burst of load decided the comparison). Best, not
     median: only the quietest moments are comparable. A pause (``settle``) and a warm-up call before each
     function's turn: thread pools (TVM's, onnxruntime's) spin after a call and would slow whatever ran next."""
-    best = {name: float("inf") for name in fns}
     done = dict.fromkeys(fns, 0)
-    for rnd in range(CPU_ROUNDS):
-        for name in list(fns) if rnd % 2 == 0 else list(fns)[::-1]:
-            n = min(reps[name] - done[name], -(-reps[name] // CPU_ROUNDS))
-            if n <= 0:
-                continue
-            settle()
-            fns[name]()
-            for _ in range(n):
-                t0 = time.perf_counter()
-                fns[name]()
-                best[name] = min(best[name], time.perf_counter() - t0)
-            done[name] += n
-    return {name: t * 1e3 for name, t in best.items()}
+
+    def turn(name: str) -> list[float]:
+        n = min(reps[name] - done[name], -(-reps[name] // CPU_ROUNDS))
+        if n <= 0:
+            return []
+        fns[name]()  # (warm-up)
+        done[name] += n
+        return [_timed(fns[name]) for _ in range(n)]
+
+    times = interleaved({name: lambda n=name: turn(n) for name in fns}, CPU_ROUNDS,
+                        order=lambda r: list(fns) if r % 2 == 0 else list(fns)[::-1])
+    return {name: min(t) for name, t in times.items()}
 
 
 def _ort_session(rows: int, cols: int, dtype: str, threads: int):
