@@ -332,6 +332,21 @@ def test_onnx_attention_op(capsys, tmp_path, rng, case):
     assert any(op.startswith("relax.nn.attention") for op in ops) and "relax.nn.softmax" not in ops
 
 
+@pytest.mark.parametrize("custom", [True, False])
+def test_onnx_attention_grouped_heads_stay_grouped(capsys, tmp_path, rng, custom):
+    """8 query heads sharing 2 K/V heads, one query row (a decoding step): the attention op takes K and V grouped (our
+    kernels read each K/V head once for its group), no repeat kernel; with ``--no-custom-schedules`` TVM's own
+    lowering, which needs one K/V head per query head, gets them repeated. Both match onnxruntime."""
+    model = onnx_attention([2, 1, 8 * 16], ([2, 40, 2 * 16], [2, 40, 2 * 16]), q_num_heads=8, kv_num_heads=2)
+    inputs = random_inputs(model, rng)
+    extra = () if custom else ("--no-custom-schedules",)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs, extra_args=extra)
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    if custom:
+        ops = [op for k in kernels(capsys, tmp_path / "model.onnx") for op in k["ops"]]
+        assert "relax.nn.attention" in ops and "relax.repeat" not in ops, ops
+
+
 def test_onnx_attention_fully_masked_rows_are_zero(capsys, tmp_path, rng):
     """The spec (and onnx's reference implementation) gives Y = 0 for a query that may attend to no key."""
     from onnx.reference import ReferenceEvaluator

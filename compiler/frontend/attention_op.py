@@ -2,8 +2,8 @@
 
 The upstream Relax frontend maps every ``Attention`` to the com.microsoft contrib op, whose attributes
 differ (it fails with KeyError 'num_heads' on the standard one). Here: 3-D ``[batch, seq, heads*dim]`` or
-4-D ``[batch, heads, seq, dim]`` Q/K/V, grouped-query K/V heads (repeated to the query heads, as the spec
-does), a boolean or additive mask, ``is_causal``, ``scale``, and a past key/value cache (concatenated,
+4-D ``[batch, heads, seq, dim]`` Q/K/V, grouped-query K/V heads (kept grouped: the op takes them; the explicit
+path below repeats them to the query heads, as the spec does), a boolean or additive mask, ``is_causal``, ``scale``, and a past key/value cache (concatenated,
 and returned as ``present_key``/``present_value``). ``softcap``, the ``qk_matmul_output`` output, sliding
 windows, ``nonpad_kv_seqlen``, a ``softmax_precision`` other than the input type and a mask shorter than the
 keys take an explicit path (matmul, bias, softmax, matmul) that follows the ONNX reference step by step.
@@ -124,7 +124,7 @@ class Attention(OnnxOpConverter):
             past = static_shape(past_k)[2]
             kn = bb.normalize(relax.op.concat([past_k, kn], axis=2))
             vn = bb.normalize(relax.op.concat([past_v, vn], axis=2))
-        (b, hq, sq, d), (_, hkv, sk, _), dv = static_shape(qn), static_shape(kn), static_shape(vn)[3]
+        (b, hq, sq, d), (_, _, sk, _), dv = static_shape(qn), static_shape(kn), static_shape(vn)[3]
         n = attr["tvm_custom"]["num_outputs"]
         precision = attr.get("softmax_precision")
         if (n > 3 or nonpad is not None or attr.get("softcap", 0.0) > 0
@@ -133,9 +133,7 @@ class Attention(OnnxOpConverter):
                 or (mask is not None and static_shape(mask)[-1] != sk)):
             outs = _explicit(bb, attr, qn, kn, vn, mask, nonpad, past, three_d)
             return outs[0] if n == 1 else relax.Tuple(outs[:n])
-        qb, kb, vb = (relax.op.permute_dims(t, [0, 2, 1, 3]) for t in (qn, kn, vn))
-        if hkv != hq:  # grouped-query: each K/V head serves hq/hkv consecutive query heads
-            kb, vb = relax.op.repeat(kb, hq // hkv, axis=2), relax.op.repeat(vb, hq // hkv, axis=2)
+        qb, kb, vb = (relax.op.permute_dims(t, [0, 2, 1, 3]) for t in (qn, kn, vn))  # (grouped K/V heads as they are)
 
         bias, causal = None, None
         if mask is not None:

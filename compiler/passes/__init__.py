@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from ..targets import TargetInfo
-from .attention import FuseAttention
+from .attention import STOCK_LEGALIZE, FuseAttention
 from .fold_batchnorm import FoldBatchNorm
 from .kernels import OPS_ATTR, SAVED_ATTR, KernelRecorder
 from .layernorm import FuseLayerNorm
@@ -95,7 +95,7 @@ def optimize(
     if fusion not in FUSION_LEVELS:
         raise ValueError(f"fusion level {fusion!r} is not one of {FUSION_LEVELS}")
     graph = [(name, make()) for name, make in GRAPH_PASSES] if fusion == "tvmpipe" else []
-    steps = graph + _lowering(fusion, KernelRecorder(dict(legalize or {})))
+    steps = graph + _lowering(fusion, KernelRecorder({**STOCK_LEGALIZE, **(legalize or {})}))
     with target.target:
         for name, step in steps:
             mod = step(mod)

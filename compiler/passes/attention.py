@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, topi
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from .util import const_array, dtype, private, scalar, sole_producer, static_shape, users
@@ -294,12 +294,30 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
         bshape = (*bshape[:-1], sk)
         bias = relax.op.broadcast_to(bias, bshape)
     (qb, kb, vb), bias, back = _to_bsnh(q, kt, v, bias, bshape, shapes[:3], var2val)
-    if klead[1:] != lead[1:]:  # the op wants as many K/V heads as query heads
-        kb, vb = relax.op.repeat(kb, lead[1], axis=2), relax.op.repeat(vb, lead[1], axis=2)
     fused = back(relax.op.nn.attention(qb, kb, vb, bias, scale=found.scale * qs * ks, causal_mask=causal))
     if nan_zeroed:  # a fully masked row: 0/0 in the kernel, P = 0 (so P·V = 0) in the graph it replaces
         fused = relax.op.where(relax.op.isnan(fused), relax.const(0, dtype(out)), fused)
     return fused
+
+
+def _stock_legalize(name: str) -> Callable:
+    """TVM's own legalisation of attention op ``name`` (``--no-custom-schedules``), which takes K and V with Q's head
+    count: grouped-query K/V heads, which the graph keeps grouped for our kernels (one read of K and V per group), are
+    repeated to it first."""
+    stock = tvm.ir.Op.get(name).get_attr("FLegalize")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        q, k, v, *bias = call.args
+        group = int(q.ty.shape[2]) // int(k.ty.shape[2])
+        if group > 1:
+            k, v = (bb.emit_te(topi.repeat, t, group, 2) for t in (k, v))
+            call = relax.Call(call.op, [q, k, v, *bias], call.attrs)
+        return stock(bb, call)
+
+    return legalize
+
+
+STOCK_LEGALIZE = {name: _stock_legalize(name) for name in ("relax.nn.attention", "relax.nn.attention_bias")}
 
 
 @relax.transform.function_pass(opt_level=0, name="FuseAttention")
