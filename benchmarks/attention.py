@@ -336,10 +336,15 @@ def summary(records: list[dict]) -> None:
 
 
 CPU_SHAPES = [(2, 512, 8, 64), (1, 197, 12, 64)]  # (batch, seq, heads, head dim): the GPU benchmark's kind; ViT-B's
-# (shape, dtype, causal, mask): each shape in float32 and float16, causal and not, unmasked; then BERT-base as the
-# transformers exporter writes it, the padding mask expanded to a [1, 1, s, s] additive bias, at 128 and 512 tokens
-CPU_CASES = [(shape, dtype, causal, False) for shape in CPU_SHAPES for dtype in ("float32", "float16")
-             for causal in (False, True)] + [((1, s, 12, 64), "float32", False, True) for s in (128, 512)]
+# ((batch, query rows, keys, heads, key/value heads, head dim), dtype, causal, mask): each shape in float32 and float16,
+# causal and not, unmasked; BERT-base as the transformers exporter writes it, the padding mask expanded to a
+# [1, 1, s, s] additive bias, at 128 and 512 tokens; decoding steps with a KV cache of 1024-2048 keys: a Llama-style
+# model's (32 query heads sharing 8 key/value heads of 128), one query row and 4 (speculative decoding), and GPT-2-medium
+# style multi-head attention at batch 4
+CPU_CASES = [((b, s, s, h, h, d), dtype, causal, False) for b, s, h, d in CPU_SHAPES for dtype in ("float32", "float16")
+             for causal in (False, True)] + [((1, s, s, 12, 12, 64), "float32", False, True) for s in (128, 512)] + [
+             ((1, 1, 2048, 32, 8, 128), "float32", False, False), ((1, 4, 2048, 32, 8, 128), "float32", False, False),
+             ((4, 1, 1024, 16, 16, 64), "float32", False, False)]
 
 
 def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
@@ -347,7 +352,8 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
     (the fused kernel), by tvmpipe ``--no-custom-schedules`` (TVM's unfused lowering), and run by onnxruntime;
     each checked against float64, timed in ``rounds`` interleaved rounds (median and best). ``baseline``: another
     version of ``schedules/attention_cpu.py`` (e.g. ``git show REV:schedules/attention_cpu.py``), whose kernel is
-    compiled the same way and timed in the same rounds as "tvmpipe-baseline"."""
+    compiled the same way (for every shape: not the decode kernel) and timed in the same rounds as
+    "tvmpipe-baseline"."""
     import contextlib
     import importlib.util
     import os
@@ -360,40 +366,45 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
     from onnx import TensorProto, helper
 
     import schedules.attention_cpu
+    import schedules.attention_cpu_decode
     from compiler import compile_model, load, targets
     from compiler.compare import OrtSession, errors
     from compiler.pipeline import Options
 
-    builds = {"tvmpipe": (True, contextlib.nullcontext()), "tvm-unfused": (False, contextlib.nullcontext())}
+    builds = {"tvmpipe": (True, []), "tvm-unfused": (False, [])}  # impl -> (custom schedules, patches while compiling)
     if baseline:  # loaded inside the package, so that its relative imports resolve
         spec = importlib.util.spec_from_file_location("schedules._baseline_attention_cpu", baseline)
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
-        builds["tvmpipe-baseline"] = (True, mock.patch.object(schedules.attention_cpu, "kernel", old.kernel))
+        builds["tvmpipe-baseline"] = (True, [mock.patch.object(schedules.attention_cpu, "kernel", old.kernel),
+                                             mock.patch.object(schedules.attention_cpu_decode, "applies", lambda *_: False)])
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for (b, s, h, d), dtype, causal, masked in CPU_CASES:
+        for (b, s, skv, h, hkv, d), dtype, causal, masked in CPU_CASES:
             elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
             names = ["q", "k", "v"] + (["mask"] if masked else [])
-            node = helper.make_node("Attention", names, ["y"], q_num_heads=h, kv_num_heads=h, is_causal=int(causal))
-            io = [helper.make_tensor_value_info(n, elem, [b, s, h * d]) for n in "qkvy"]
+            node = helper.make_node("Attention", names, ["y"], q_num_heads=h, kv_num_heads=hkv, is_causal=int(causal))
+            shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
+            io = [helper.make_tensor_value_info(n, elem, shape) for n, shape in shapes.items()]
             if masked:
-                io.insert(3, helper.make_tensor_value_info("mask", elem, [1, 1, s, s]))
+                io.insert(3, helper.make_tensor_value_info("mask", elem, [1, 1, s, skv]))
             model = helper.make_model(helper.make_graph([node], "attention", io[:-1], io[-1:]),
                                       opset_imports=[helper.make_opsetid("", 23)])
             model.ir_version = 10
             path = Path(tmp) / "attention.onnx"
             onnx.save(model, path)
             rng = np.random.default_rng(0)
-            inputs = {n: rng.standard_normal((b, s, h * d)).astype(dtype) for n in "qkv"}
+            inputs = {n: rng.standard_normal(shapes[n]).astype(dtype) for n in "qkv"}
             if masked:  # the last eighth of the keys padding, at the exporter's finfo.min
-                inputs["mask"] = np.zeros((1, 1, s, s), dtype)
-                inputs["mask"][..., -s // 8 :] = np.finfo(dtype).min
-            qkv = (inputs[n].reshape(b, s, h, d) for n in "qkv")
+                inputs["mask"] = np.zeros((1, 1, s, skv), dtype)
+                inputs["mask"][..., -skv // 8 :] = np.finfo(dtype).min
+            qkv = (inputs[n].reshape(*shapes[n][:2], -1, d) for n in "qkv")
             ref = {"y": _reference_bshd(*qkv, causal, inputs.get("mask")).reshape(b, s, h * d)}
             impls = {}
-            for impl, (custom, patch) in builds.items():
-                with patch:
+            for impl, (custom, patches) in builds.items():
+                with contextlib.ExitStack() as stack:
+                    for patch in patches:
+                        stack.enter_context(patch)
                     compile_model(path, "cpu", Path(tmp) / f"{impl}.tvmpkg", options=Options(custom_schedules=custom))
                 runner = load(str(Path(tmp) / f"{impl}.tvmpkg"))
                 impls[impl] = (runner(**inputs), lambda n, r=runner: r.time(inputs, repeat=n, warmup=n).ms)
@@ -403,13 +414,12 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
             times = interleaved({impl: lambda t=timer, n=1 if impl == "tvm-unfused" else 5: t(n)
                                  for impl, (_, timer) in impls.items()}, rounds,
                                 order=lambda r, seed=len(records): random.Random(seed + r).sample(list(impls), len(impls)))
-            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            flops = 4 * b * h * s * skv * d / (2 if causal else 1)
             for impl, (result, _) in impls.items():
                 ms = float(np.median(times[impl]))
                 err = errors(result, ref)["max_rel_err"]
-                records.append({"impl": impl, "dtype": dtype, "causal": causal, "mask": [1, 1, s, s] if masked else None,
-                                "batch": b, "seq": s, "heads": h,
-                                "d": d, "ms": ms, "min_ms": min(times[impl]), "runs": len(times[impl]),
+                records.append({"impl": impl, "dtype": dtype, "causal": causal, "mask": [1, 1, s, skv] if masked else None,
+                                "batch": b, "seq": s, "seq_kv": skv, "heads": h, "kv_heads": hkv, "d": d, "ms": ms, "min_ms": min(times[impl]), "runs": len(times[impl]),
                                 "gflops": flops / ms / 1e6, "max_rel_err": err, "correct": err <= CPU_TOL[dtype],
                                 "cores": os.cpu_count(), "load_avg": list(os.getloadavg())})
                 print(json.dumps(records[-1]), flush=True)
@@ -423,10 +433,12 @@ CPU_TOL = {"float32": 1e-4, "float16": 5e-3}  # normwise relative error against 
 
 
 def _reference_bshd(q, k, v, causal: bool, bias=None):
-    """softmax(q kᵀ / sqrt(d) (+ bias) (+ causal mask)) v in float64, [batch, seq, heads, dim] (an independent
-    reference)."""
+    """softmax(q kᵀ / sqrt(d) (+ bias) (+ causal mask)) v in float64, [batch, seq, heads, dim], k and v's heads each
+    shared by as many of q's as that takes (an independent reference)."""
     import numpy as np
 
+    group = q.shape[2] // k.shape[2]
+    k, v = (np.repeat(t, group, axis=2) for t in (k, v))
     q, k, v = (np.asarray(t, np.float64).transpose(0, 2, 1, 3) for t in (q, k, v))
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
     if bias is not None:

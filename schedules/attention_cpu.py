@@ -30,6 +30,11 @@ BK = 64  # keys per tile at most (rounded up to whole register blocks)
 RC = 4  # value columns per register block of Oᵀ
 
 
+def lanes(target: tvm.target.Target) -> int:
+    """float32 lanes of a vector register: 16 with AVX-512, else 8 (AVX2)."""
+    return 16 if codegen.target_has_features("avx512f", target) else 8
+
+
 def blocks(target: tvm.target.Target) -> list[tuple[int, int]]:
     """Register blocks of Sᵀ, (query lanes, keys): the main one, then, narrowest first, at most two for a sequence's
     last task where it has at most that many rows. ViT's 197 tokens are 3 tasks of 64 rows and one of 5: as 16 lanes
@@ -79,7 +84,7 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     f32, neg_inf = "float32", T.float32("-inf")
-    L = 16 if codegen.target_has_features("avx512f", target) else 8  # float32 lanes of a vector register
+    L = lanes(target)
     # A bias that varies along the query rows varies across the vector lanes. Read there, each vector is a gather
     # from QB bias rows; when their stride is a multiple of 1 KB those rows' cache lines share a few L1 sets and
     # evict each other between keys. Then each key tile's bias is transposed into Sᵀ first, in L x L blocks (1 x s x 8

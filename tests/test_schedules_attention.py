@@ -101,6 +101,10 @@ CPU_CASES = {
     # bias rows 1 KB apart: each key tile's bias transposed in registers first
     "row-bias-1k-stride": (2, 70, 256, 2, 2, 16, "float32", (2, 1, 70, 256), None),
     "row-bias-fp16-causal": (1, 45, 512, 2, 1, 8, "float16", (1, 2, 45, 512), "BottomRight"),
+    # few query rows per head: the decode kernel (chunks of 256 keys merged; a ragged last step)
+    "decode-gqa": (2, 1, 300, 8, 2, 32, "float32", None, None),
+    "decode-causal-padding": (2, 3, 70, 4, 4, 16, "float16", (2, 1, 1, 70), "BottomRight"),
+    "decode-mqa-bfloat16": (1, 2, 600, 4, 1, 64, "bfloat16", (1, 4, 2, 600), None),
 }
 
 
@@ -111,7 +115,7 @@ def test_cpu_kernel_matches_float64(rng, case):
     if bias_shape and bias_shape[2] == 1:  # key padding: the last keys of each sequence masked out
         arrays["bias"][...] = 0
         arrays["bias"][0, ..., skv - 9 :] = -np.inf
-        arrays["bias"][1, ..., skv - 30 :] = np.finfo(np.float32).min
+        arrays["bias"][1, ..., skv - 30 :] = np.finfo(np.float16 if dtype == "float16" else np.float32).min
     vm = compile_cpu(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
     assert_close(run_vm(vm, arrays), reference(**arrays, causal=causal), dtype)
 
@@ -130,21 +134,24 @@ def test_cpu_scale_and_distinct_value_dim(rng):
     assert_close(run_vm(vm, arrays), reference(**arrays, scale=0.3), "float32")
 
 
-def masked_rows_bias(rng, b, h, sq, skv) -> np.ndarray:
-    """Row 3 fully -inf (NaN out); row 5 -inf over its first 130 keys, whole key tiles (must stay finite)."""
+def masked_rows_bias(rng, b, h, sq, skv, full: int = 3, part: int = 5, upto: int = 130) -> np.ndarray:
+    """Row ``full`` fully -inf (NaN out); row ``part`` -inf over its first ``upto`` keys, whole key tiles (must stay
+    finite)."""
     bias = rng.standard_normal((b, h, sq, skv)).astype(np.float32)
-    bias[:, :, 3, :] = -np.inf
-    bias[:, :, 5, :130] = -np.inf
+    bias[:, :, full, :] = -np.inf
+    bias[:, :, part, :upto] = -np.inf
     return bias
 
 
-def test_cpu_fully_masked_rows_as_unfused_graph(rng):
-    b, sq, skv, h, d = 1, 9, 150, 2, 16
+# 4 rows: the decode kernel's, row 2 masked over its whole first chunk of keys (merged with the second)
+@pytest.mark.parametrize("sq, full, part, upto", [(9, 3, 5, 130), (4, 1, 2, 256)])
+def test_cpu_fully_masked_rows_as_unfused_graph(rng, sq, full, part, upto):
+    b, skv, h, d = 1, 300, 2, 16
     arrays = inputs(rng, b, sq, skv, h, h, d, "float32")
-    arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv)
+    arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv, full, part, upto)
     mod = attention_module(b, sq, skv, h, h, d, "float32", (b, h, sq, skv))
     ours, unfused = run_vm(compile_cpu(mod), arrays), run_vm(compile_cpu(mod, custom=False), arrays)
-    assert np.isnan(unfused[:, 3]).all() and not np.isnan(unfused[:, 5]).any()
+    assert np.isnan(unfused[:, full]).all() and not np.isnan(unfused[:, part]).any()
     assert_close(ours, np.asarray(unfused, np.float64), "float32")
     assert_close(ours, reference(**arrays), "float32")
 
@@ -520,6 +527,54 @@ def test_cpu_kernel_either_vector_width(rng, mcpu, register, isa, skv, bias):
     out = tvm.runtime.empty((b, sq, h, dv), "float32")
     lib["main"](*[tvm.runtime.tensor(a) for a in arrays.values()], out)
     assert_close(out.numpy(), reference(**arrays, causal="BottomRight", scale=0.2), "float32")
+
+
+def test_cpu_decode_kernel_symbolic_cache_length(rng):
+    """One compiled decode kernel (one query row per head) for any batch and KV-cache length: 1 key, a chunk of keys
+    and one more, several chunks."""
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    vm = compile_cpu(attention_module(b, 1, s, 8, 2, 32, "float32", (b, 1, 1, s), "BottomRight"))
+    for batch, skv in ((1, 1), (2, 257), (1, 600)):
+        arrays = inputs(rng, batch, 1, skv, 8, 2, 32, "float32", (batch, 1, 1, skv))
+        assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
+
+
+@pytest.mark.parametrize("mcpu, isa", [("skylake-avx512", "avx512f"), ("znver3", "avx2")])
+def test_cpu_decode_kernel_either_vector_width(rng, mcpu, isa):
+    """The decode kernel's AVX-512 form (scores of 16 keys a vector) and its AVX2 form (8) against float64 where this
+    CPU has the ISA: 3 query rows of 4 heads sharing a key/value head, a causal diagonal, 300 keys in 2 chunks."""
+    from schedules import attention_cpu_decode
+    from schedules.attention import AttentionSpec
+
+    b, sq, skv, h, hkv, d, dv = 2, 3, 300, 8, 2, 32, 16
+    spec = AttentionSpec(b, sq, skv, h, hkv, d, dv, "float32", 0.2, "BottomRight", None, None)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert attention_cpu_decode.applies(spec, target)
+    lib = tvm.compile(tvm.IRModule({"main": attention_cpu_decode.kernel(spec, target).with_attr("global_symbol", "main")}),
+                      target)
+    if isa not in targets.host_cpu_flags():
+        pytest.skip(f"this CPU has no {isa} to run it")
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", dv=dv)
+    out = tvm.runtime.empty((b, sq, h, dv), "float32")
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays.values()], out)
+    assert_close(out.numpy(), reference(**arrays, causal="BottomRight", scale=0.2), "float32")
+
+
+def test_cpu_decode_kernel_where_few_rows_per_head():
+    """Up to 4 query rows per head with head dims in whole vectors take the decode kernel (at 4 rows it measured
+    1.2x the main kernel, at 8 0.6-0.8x); other shapes the main one."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cpu_decode import applies
+
+    def spec(sq, d=64, dv=64):
+        return AttentionSpec(1, sq, 512, 8, 2, d, dv, "float32", 0.1, "none", None, None)
+
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
+    assert all(applies(spec(sq), avx512) for sq in (1, 2, 4)) and not applies(spec(5), avx512)
+    assert not applies(spec(tvm.tirx.Var("n", "int64")), avx512)
+    assert not applies(spec(1, d=24), avx512) and not applies(spec(1, dv=40), avx512)
+    assert applies(spec(1, 24, 40), avx2) and not applies(spec(1, d=12), avx2)
 
 
 def test_cpu_bias_transposed_where_its_rows_alias():
