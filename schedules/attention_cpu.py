@@ -8,9 +8,10 @@ queries), the output as Oᵀ (value columns x queries), Q as Qᵀ. Both products
 element of a K or V row as it lies in memory against whole vectors of queries, in register blocks of
 ``rj`` keys (``RC`` value columns) x ``qb`` queries; the softmax's row max and sum are lane-wise (no
 reduction across lanes) and rescaling a row is a vector multiply. Only Q's copy and the output's store
-are transposed, once per task, not per key tile; and a bias that varies along the query rows, per key tile. (Rows across the lanes instead, with the K tile
-transposed for every query tile and each row's max and sum reduced across the lanes, took 1.2-1.7x as long:
-``benchmarks/attention.py --cpu`` on 2 AVX-512 cores.) ``exp`` is a vectorisable polynomial.
+are transposed, once per task, not per key tile (and a bias that varies along the query rows, per key
+tile). (Rows across the lanes instead, with the K tile transposed for every query tile and each row's max
+and sum reduced across the lanes, took 1.2-1.7x as long: ``benchmarks/attention.py --cpu`` on 2 AVX-512
+cores.) ``exp`` is a vectorisable polynomial. Few query rows per head take ``attention_cpu_decode``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def blocks(target: tvm.target.Target) -> list[tuple[int, int]]:
     0.26 -> 0.22 ms, of 26 (90 tokens) 0.11 -> 0.09 (best of rounds). AVX-512's 32 registers hold 4 keys x 4 vectors
     of accumulators (6 x 4: 3 % slower at 512 keys; 8 x 4 spills; 8 x 2: 5 % slower), the narrower blocks 8 x 1 and
     8 x 2; AVX2's 16 hold 6 x 2 (4 x 2: 2 % slower, timed as AVX2 code on an AVX-512 machine)."""
-    return [(64, 4), (16, 8), (32, 8)] if codegen.target_has_features("avx512f", target) else [(16, 6)]
+    return [(64, 4), (16, 8), (32, 8)] if lanes(target) == 16 else [(16, 6)]
 
 
 def transpose(rows: list) -> list:
@@ -129,8 +130,8 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
 
     @T.macro
     def bias_columns(bias, st, b, h, i, j, ii, jj, c, again):
-        """Sᵀ rows jj + c .. jj + L - 1, lanes ii .. ii + L - 1 = the bias's rows i .. i + L - 1, keys j + c .. j + L - 1.
-        (TVMScript has no Python loop over statements: the macro unrolls itself by calling ``again``, itself.)"""
+        """Sᵀ rows jj + c .. jj + L - 1, lanes ii .. ii + L - 1 = the bias's rows i .. i + L - 1, keys j + c ..
+        j + L - 1. (TVMScript has no Python loop over statements: the macro unrolls itself by calling ``again``, itself.)"""
         if c < L:
             st[jj + c, T.Ramp(ii, 1, L)] = transpose(bias_rows(bias, b, h, i, j))[c]
             again(bias, st, b, h, i, j, ii, jj, c + 1, again)

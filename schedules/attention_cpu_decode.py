@@ -105,7 +105,8 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
                     for dd in range(D // L):
                         for kk in T.unroll(L // 2):
                             for l in T.vectorized(L):
-                                acc0[kk, l] = acc0[kk, l] + qf[r, dd * L + l] * elem(k, b, j0 + jb * L + kk, hk, dd * L + l)
+                                acc0[kk, l] = acc0[kk, l] + qf[r, dd * L + l] * elem(
+                                    k, b, j0 + jb * L + kk, hk, dd * L + l)
                         for kk in T.unroll(L // 2):
                             for l in T.vectorized(L):
                                 acc1[kk, l] = acc1[kk, l] + qf[r, dd * L + l] * elem(

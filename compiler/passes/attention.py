@@ -172,7 +172,8 @@ def _uniform(x: relax.Expr, axis: int, var2val: dict) -> bool:
     return shape is not None and (len(shape) < -axis or shape[axis] == 1)
 
 
-def _bias(found: _Scores, sq: int, sk: int, dt: str, var2val: dict) -> tuple[relax.Expr | None, tuple[int, ...], str | None]:
+def _bias(found: _Scores, sq: int, sk: int, dt: str,
+          var2val: dict) -> tuple[relax.Expr | None, tuple[int, ...], str | None]:
     """Split the masks into one additive bias (or None), its shape, and a causal_mask (or None). A bias the same
     for every query row becomes one row: the kernels read a [b, h, 1, s_k] bias once per key (the CPU kernel holds
     query rows across its vector lanes and gathers a bias that varies along them: BERT-base's exported mask,
