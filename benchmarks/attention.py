@@ -377,7 +377,7 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
         builds["tvmpipe-baseline"] = (True, [mock.patch.object(schedules.attention_cpu, "kernel", old.kernel),
-                                             mock.patch.object(schedules.attention_cpu_decode, "applies", lambda *_: False)])
+                                             mock.patch.object(schedules.attention_cpu_decode, "fits", lambda *_: False)])
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for (b, s, skv, h, hkv, d), dtype, causal, masked in CPU_CASES:

@@ -216,9 +216,9 @@ class Attention(ScheduleRule):
 
             kernel = attention_cuda.kernel(spec, target)
         elif target.kind.name == "llvm":
-            from . import attention_cpu, attention_cpu_decode
+            from . import attention_cpu_decode
 
-            kernel = (attention_cpu_decode if attention_cpu_decode.applies(spec, target) else attention_cpu).kernel(spec, target)
+            kernel = attention_cpu_decode.cpu_kernel(spec, target)
         else:  # another GPU API: the canonical function is left to the generic schedulers
             return None
         return tvm.s_tir.Schedule(kernel.with_attrs(dict(func.attrs)))

@@ -80,6 +80,11 @@ def key_tile(seq_kv, rj: int) -> int:
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     """The CPU kernel for ``spec`` (an ``AttentionSpec``; its shapes may be symbolic)."""
+    return kernel_signature(spec, body(spec, target))
+
+
+def body(spec, target: tvm.target.Target):
+    """The kernel's body: a TVMScript macro ``(q, k, v, bias, out)``."""
     H, D, DV, G = spec.heads, spec.head_dim, spec.head_dim_v, spec.group
     dtype, scale = spec.dtype, spec.scale
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
@@ -262,4 +267,4 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
         if len(few) > 1:
             last_task(q, k, v, bias, out, F1, F2, J2)
 
-    return kernel_signature(spec, body)
+    return body

@@ -18,6 +18,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from . import attention_cpu
 from .attention import broadcast_index, causal_offset, kernel_signature
 from .attention_cpu import lanes, transpose
 from .softmax_tir import vexp as exp
@@ -30,11 +31,30 @@ KC = 256  # keys per task
 BT = 32  # keys per step of the online softmax (a K and a V tile of 32 x 128 float32 stay in L1)
 
 
-def applies(spec, target: tvm.target.Target) -> bool:
-    """Few query rows per head (static), head dims in whole vectors."""
+def fits(spec, target: tvm.target.Target) -> bool:
+    """Head dims in whole vectors, and not more than MAX_SEQ_Q query rows per head if that is known."""
     L = lanes(target)
-    return isinstance(spec.seq_q, int) and spec.seq_q <= MAX_SEQ_Q and spec.head_dim % L == 0 \
-        and spec.head_dim_v % L == 0
+    few = not isinstance(spec.seq_q, int) or spec.seq_q <= MAX_SEQ_Q
+    return few and spec.head_dim % L == 0 and spec.head_dim_v % L == 0
+
+
+def cpu_kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
+    """The CPU kernel for ``spec``: this one where it fits, else ``attention_cpu``'s. A query length known only at
+    run time (a model exported for prefill and decoding steps alike) gets both, chosen by it."""
+    if not fits(spec, target):
+        return attention_cpu.kernel(spec, target)
+    if isinstance(spec.seq_q, int):
+        return kernel(spec, target)
+    few, many = body(spec, target), attention_cpu.body(spec, target)
+
+    @T.macro
+    def either(q, k, v, bias, out):
+        if spec.seq_q <= MAX_SEQ_Q:
+            few(q, k, v, bias, out)
+        else:
+            many(q, k, v, bias, out)
+
+    return kernel_signature(spec, either)
 
 
 def _reduce(v: tirx.PrimExpr, op, n: int) -> tirx.PrimExpr:
@@ -46,7 +66,12 @@ def _reduce(v: tirx.PrimExpr, op, n: int) -> tirx.PrimExpr:
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
-    """The decode kernel for ``spec`` (``applies``; batch and key length may be symbolic)."""
+    """The decode kernel for ``spec`` (``fits``; its shapes may be symbolic)."""
+    return kernel_signature(spec, body(spec, target))
+
+
+def body(spec, target: tvm.target.Target):
+    """The decode kernel's body: a TVMScript macro ``(q, k, v, bias, out)``."""
     HKV, G, D, DV = spec.kv_heads, spec.group, spec.head_dim, spec.head_dim_v
     dtype, batch, sq, skv = spec.dtype, spec.batch, spec.seq_q, spec.seq_kv
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
@@ -184,4 +209,4 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
         for t in T.parallel(batch * HKV * R):
             merge(wm, wl, wo, out, t // (HKV * R), t // R % HKV, t % R)
 
-    return kernel_signature(spec, body)
+    return body

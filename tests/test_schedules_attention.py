@@ -474,12 +474,13 @@ def test_cuda_rule_picks_wgmma_where_it_won():
 
 @pytest.mark.parametrize("row_bias", [False, True])
 def test_cpu_symbolic_batch_and_sequence(rng, row_bias):
-    """One compiled kernel for any batch / sequence length; with a bias of [b, 1, s, s], one that transposes its tiles
-    (a tile's ragged keys element by element)."""
+    """One compiled kernel for any batch / sequence length: the main kernel's tasks, or the decode kernel's up to 4 rows
+    (chosen at run time); with a bias of [b, 1, s, s], one that transposes its tiles (a tile's ragged keys element by
+    element)."""
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
     bias = (b, 1, s, s) if row_bias else None
     vm = compile_cpu(attention_module(b, s, s, 4, 2, 16, "float32", bias, causal="BottomRight"))
-    for batch, seq in ((2, 37), (1, 130), (1, 90)):  # last query tasks of 37, 2 and 26 rows
+    for batch, seq in ((2, 37), (1, 130), (1, 90), (2, 3), (1, 1)):  # last query tasks of 37, 2 and 26 rows; decode
         arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32", bias and (batch, 1, seq, seq))
         assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
 
@@ -549,7 +550,7 @@ def test_cpu_decode_kernel_either_vector_width(rng, mcpu, isa):
     b, sq, skv, h, hkv, d, dv = 2, 3, 300, 8, 2, 32, 16
     spec = AttentionSpec(b, sq, skv, h, hkv, d, dv, "float32", 0.2, "BottomRight", None, None)
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
-    assert attention_cpu_decode.applies(spec, target)
+    assert attention_cpu_decode.fits(spec, target)
     lib = tvm.compile(tvm.IRModule({"main": attention_cpu_decode.kernel(spec, target).with_attr("global_symbol", "main")}),
                       target)
     if isa not in targets.host_cpu_flags():
@@ -562,19 +563,26 @@ def test_cpu_decode_kernel_either_vector_width(rng, mcpu, isa):
 
 def test_cpu_decode_kernel_where_few_rows_per_head():
     """Up to 4 query rows per head with head dims in whole vectors take the decode kernel (at 4 rows it measured
-    1.2x the main kernel, at 8 0.6-0.8x); other shapes the main one."""
+    1.2x the main kernel, at 8 0.6-0.8x); other shapes the main one; a query length known only at run time, both."""
     from schedules.attention import AttentionSpec
-    from schedules.attention_cpu_decode import applies
+    from schedules.attention_cpu_decode import cpu_kernel, fits
 
     def spec(sq, d=64, dv=64):
         return AttentionSpec(1, sq, 512, 8, 2, d, dv, "float32", 0.1, "none", None, None)
 
     avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
     avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
-    assert all(applies(spec(sq), avx512) for sq in (1, 2, 4)) and not applies(spec(5), avx512)
-    assert not applies(spec(tvm.tirx.Var("n", "int64")), avx512)
-    assert not applies(spec(1, d=24), avx512) and not applies(spec(1, dv=40), avx512)
-    assert applies(spec(1, 24, 40), avx2) and not applies(spec(1, d=12), avx2)
+    n = tvm.tirx.Var("n", "int64")
+    assert all(fits(spec(sq), avx512) for sq in (1, 2, 4, n)) and not fits(spec(5), avx512)
+    assert not fits(spec(1, d=24), avx512) and not fits(spec(1, dv=40), avx512)
+    assert fits(spec(1, 24, 40), avx2) and not fits(spec(1, d=12), avx2)
+
+    def kernels(sq) -> set[str]:  # a buffer each kernel allocates: the decode kernel's chunk maxima, Qᵀ
+        script = cpu_kernel(spec(sq), avx512).script()
+        return {name for name, buffer in (("decode", "wm = T.alloc_buffer"), ("main", "qt = T.alloc_buffer"))
+                if buffer in script}
+
+    assert kernels(1) == {"decode"} and kernels(5) == {"main"} and kernels(n) == {"decode", "main"}
 
 
 def test_cpu_bias_transposed_where_its_rows_alias():
