@@ -96,9 +96,14 @@ def body(spec, target: tvm.target.Target):
     # evict each other between keys. Then each key tile's bias is transposed into Sᵀ first, in L x L blocks (1 x s x 8
     # x 64 with a [1, 1, s, s] bias: 1024 keys 11.0 -> 6.3 ms, 768 3.42 -> 3.24, 512 (12 heads) 2.84 -> 2.15, 256
     # 0.386 -> 0.363); at other lengths the gathers are level with it or up to 8 % faster (150, 197, 640 keys).
+    # One that at least 4 (batch, head)s share (HF decoders' [b, 1, s, s] causal + padding mask) is transposed once
+    # per call instead, before the tasks, into ``bt``: [1, 1, s, s] with 8-12 heads 1.12-1.15x at 197-1024 keys
+    # (2 x 4 heads sharing it: level; a bias per head: 0.77-0.88x, a round trip through memory per head).
     row_bias = has_bias and not (isinstance(spec.bias_shape[-2], int) and spec.bias_shape[-2] == 1)
     stride = skv * tvm.DataType(spec.bias_dtype).bits // 8 if has_bias and isinstance(skv, int) else 0
-    stage_bias = row_bias and stride % 1024 == 0
+    shared = [n for n, extent in zip((batch, H), spec.bias_shape or ()) if isinstance(extent, int) and extent == 1]
+    hoist = row_bias and math.prod(n for n in shared if isinstance(n, int)) >= 4
+    stage_bias = row_bias and not hoist and stride % 1024 == 0
 
     (QB, RJ), *few = blocks(target)
     BQ = query_rows(sq, QB)
@@ -110,6 +115,10 @@ def body(spec, target: tvm.target.Target):
     # cannot keep it in registers (16 vectors of 64 bytes in one buffer: half the speed)
     HC = RC // 2
     DVP = -(-DV // RC) * RC  # Oᵀ's rows, padded to whole register blocks (zero value columns, dropped)
+    if hoist:  # bt: per bias slice, keys (padded to whole tiles and L) x query rows (padded to whole tasks)
+        nb, nh = (1 if isinstance(n, int) and n == 1 else n for n in spec.bias_shape[:2])
+        SKP = ((skv + BK - 1) // BK * BK + L - 1) // L * L
+        SQP = (sq + BQ - 1) // BQ * BQ
 
     def key(k, b, j, hk, dd):
         return T.Cast(f32, k[b, T.min(j, skv - 1), hk, dd])
@@ -121,7 +130,10 @@ def body(spec, target: tvm.target.Target):
                 j = T.meta_var(jb * RJ + rows + r)
                 i = T.meta_var(ib * QB + ii)
                 visible = T.meta_var(spec.visible(i0 + i, j0 + j))
-                if stage_bias:
+                if hoist:  # (``bias`` is bt)
+                    row = T.meta_var(((b if nb != 1 else 0) * nh + (h if nh != 1 else 0)) * SKP + j0 + j)
+                    st[j, i] = T.if_then_else(visible, acc[r, ii] + bias[row, i0 + i], neg_inf)
+                elif stage_bias:
                     st[j, i] = T.if_then_else(visible, acc[r, ii] + st[j, i], neg_inf)
                 elif has_bias:
                     st[j, i] = T.if_then_else(visible, acc[r, ii] + spec.bias_at(bias, b, h, i0 + i, j0 + j), neg_inf)
@@ -256,7 +268,21 @@ def body(spec, target: tvm.target.Target):
                 task(q, k, v, bias, out, t // H, t % H, sq - sq % BQ, FQ, FQ, FJ)
 
     @T.macro
-    def body(q, k, v, bias, out):
+    def transpose_bias(bias, bt):
+        """bt = each bias slice transposed, L x L blocks in registers (keys past the end element by element)."""
+        for t in T.parallel(nb * nh * (SQP // L)):
+            sl = T.meta_var(t // (SQP // L))
+            ib = T.meta_var(t % (SQP // L))
+            for jb in range(SKP // L):
+                if jb * L + L <= skv:
+                    bias_columns(bias, bt, sl // nh, sl % nh, ib * L, jb * L, ib * L, sl * SKP + jb * L, 0, bias_columns)
+                else:
+                    for i, jj in T.grid(L, L):
+                        bt[sl * SKP + jb * L + jj, ib * L + i] = spec.bias_at(bias, sl // nh, sl % nh, ib * L + i,
+                                                                             jb * L + jj)
+
+    @T.macro
+    def tasks(q, k, v, bias, out):
         # the tasks of few rows in parallel loops of their own: in one loop body, StorageRewrite gave both kinds of
         # task the same memory for their register blocks, which LLVM then no longer kept in registers (1.6x as long)
         if has_main:
@@ -266,5 +292,14 @@ def body(spec, target: tvm.target.Target):
             last_task(q, k, v, bias, out, 0, F1, J1)
         if len(few) > 1:
             last_task(q, k, v, bias, out, F1, F2, J2)
+
+    @T.macro
+    def body(q, k, v, bias, out):
+        if hoist:
+            bt = T.alloc_buffer((nb * nh * SKP, SQP), f32)
+            transpose_bias(bias, bt)
+            tasks(q, k, v, bt, out)
+        else:
+            tasks(q, k, v, bias, out)
 
     return body

@@ -101,6 +101,9 @@ CPU_CASES = {
     # bias rows 1 KB apart: each key tile's bias transposed in registers first
     "row-bias-1k-stride": (2, 70, 256, 2, 2, 16, "float32", (2, 1, 70, 256), None),
     "row-bias-fp16-causal": (1, 45, 512, 2, 1, 8, "float16", (1, 2, 45, 512), "BottomRight"),
+    # ... shared by 8 (batch, head)s: transposed once per call, keys past the end (100 of 128) element by element
+    "row-bias-shared": (2, 45, 100, 4, 2, 16, "float32", (1, 1, 45, 100), "BottomRight"),
+    "row-bias-shared-fp16": (1, 70, 150, 8, 8, 16, "float16", (1, 1, 70, 150), None),
     # few query rows per head: the decode kernel (chunks of 256 keys merged; a ragged last step)
     "decode-gqa": (2, 1, 300, 8, 2, 32, "float32", None, None),
     "decode-causal-padding": (2, 3, 70, 4, 4, 16, "float16", (2, 1, 1, 70), "BottomRight"),
@@ -472,16 +475,17 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
 
-@pytest.mark.parametrize("row_bias", [False, True])
+@pytest.mark.parametrize("row_bias", [None, "shared", "per-head"])
 def test_cpu_symbolic_batch_and_sequence(rng, row_bias):
     """One compiled kernel for any batch / sequence length: the main kernel's tasks, or the decode kernel's up to 4 rows
     (chosen at run time); with a bias of [b, 1, s, s], one that transposes its tiles (a tile's ragged keys element by
     element)."""
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
-    bias = (b, 1, s, s) if row_bias else None
+    heads = {None: 1, "shared": 1, "per-head": 4}[row_bias]  # (shared by 4 heads: transposed once per call)
+    bias = (b, heads, s, s) if row_bias else None
     vm = compile_cpu(attention_module(b, s, s, 4, 2, 16, "float32", bias, causal="BottomRight"))
     for batch, seq in ((2, 37), (1, 130), (1, 90), (2, 3), (1, 1)):  # last query tasks of 37, 2 and 26 rows; decode
-        arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32", bias and (batch, 1, seq, seq))
+        arrays = inputs(rng, batch, seq, seq, 4, 2, 16, "float32", bias and (batch, heads, seq, seq))
         assert_close(run_vm(vm, arrays), reference(**arrays, causal="BottomRight"), "float32")
 
 
@@ -506,7 +510,8 @@ def test_cuda_package_holds_compiled_kernel(tmp_path, seq, d, dtype, causal, tma
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
 
 
-@pytest.mark.parametrize("skv, bias", [(150, None), (256, (1, 4, 70, 256))], ids=["plain", "row-bias"])
+@pytest.mark.parametrize("skv, bias", [(150, None), (256, (1, 4, 70, 256)), (150, (1, 1, 70, 150))],
+                         ids=["plain", "row-bias", "row-bias-shared"])
 @pytest.mark.parametrize("mcpu, register, isa", [("skylake-avx512", "zmm", "avx512f"), ("znver3", "ymm", "avx2")])
 def test_cpu_kernel_either_vector_width(rng, mcpu, register, isa, skv, bias):
     """The kernel's AVX-512 form (register blocks of 64 queries x 4 keys, and 16 x 8 for the last 6 of the 70 rows)
@@ -586,20 +591,23 @@ def test_cpu_decode_kernel_where_few_rows_per_head():
 
 
 def test_cpu_bias_transposed_where_its_rows_alias():
-    """A bias varying along the query rows is transposed a key tile at a time where its rows lie a multiple of 1 KB
-    apart (their cache lines would evict each other between gathers) or at a length not known; elsewhere it is
-    gathered, and a bias of one row per key is broadcast."""
+    """A bias varying along the query rows is transposed once per call where at least 4 (batch, head)s share it; else
+    a key tile at a time where its rows lie a multiple of 1 KB apart (their cache lines would evict each other between
+    gathers) or at a length not known; elsewhere it is gathered, and a bias of one row per key is broadcast."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cpu import kernel
 
-    def transposes(skv, bias, dtype="float32") -> bool:
-        spec = AttentionSpec(1, 40, skv, 2, 2, 16, 16, "float32", 0.25, "none", bias, dtype)
-        return "T.Shuffle" in kernel(spec, targets.resolve("cpu").target).script()
+    def how(skv, bias, dtype="float32", heads=2, batch=1) -> str:
+        spec = AttentionSpec(batch, 40, skv, heads, heads, 16, 16, "float32", 0.25, "none", bias, dtype)
+        script = kernel(spec, targets.resolve("cpu").target).script()
+        return "hoisted" if "bt = T.alloc_buffer" in script else "staged" if "T.Shuffle" in script else "read"
 
     s = tvm.tirx.Var("s", "int64")
-    assert transposes(256, (1, 1, 40, 256)) and transposes(512, (1, 2, 40, 512), "float16") and transposes(s, (1, 1, 40, s))
-    assert not transposes(150, (1, 1, 40, 150)) and not transposes(256, (1, 1, 40, 256), "float16")
-    assert not transposes(256, (1, 1, 1, 256)) and not transposes(s, (1, 2, 1, s))
+    assert how(256, (1, 1, 40, 256)) == how(512, (1, 2, 40, 512), "float16") == how(s, (1, 1, 40, s)) == "staged"
+    assert how(150, (1, 1, 40, 150)) == how(256, (1, 1, 40, 256), "float16") == "read"
+    assert how(256, (1, 1, 1, 256)) == how(s, (1, 2, 1, s)) == "read"
+    assert how(150, (1, 1, 40, 150), heads=4) == how(150, (1, 2, 40, 150), batch=4, heads=2) == "hoisted"
+    assert how(256, (1, 4, 40, 256), heads=4) == "staged" and how(150, (2, 1, 40, 150), batch=2, heads=2) == "read"
 
 
 def test_cpu_tiles_pad_least():
