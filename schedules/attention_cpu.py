@@ -97,7 +97,7 @@ def body(spec, target: tvm.target.Target):
     # x 64 with a [1, 1, s, s] bias: 1024 keys 11.0 -> 6.3 ms, 768 3.42 -> 3.24, 512 (12 heads) 2.84 -> 2.15, 256
     # 0.386 -> 0.363); at other lengths the gathers are level with it or up to 8 % faster (150, 197, 640 keys).
     # One that at least 4 (batch, head)s share (HF decoders' [b, 1, s, s] causal + padding mask) is transposed once
-    # per call instead, before the tasks, into ``bt``: [1, 1, s, s] with 8-12 heads 1.12-1.15x at 197-1024 keys
+    # per call instead, before the tasks, into ``bt``: [1, 1, s, s] with 8-12 heads 1.06-1.15x at 197-1024 keys
     # (2 x 4 heads sharing it: level; a bias per head: 0.77-0.88x, a round trip through memory per head).
     row_bias = has_bias and not (isinstance(spec.bias_shape[-2], int) and spec.bias_shape[-2] == 1)
     stride = skv * tvm.DataType(spec.bias_dtype).bits // 8 if has_bias and isinstance(skv, int) else 0
