@@ -1,0 +1,118 @@
+"""Decoding steps (one query row per head, a KV cache) on the GPU: where tvmpipe's CUDA attention stands.
+
+The CPU has a kernel for few query rows per head (``schedules/attention_cpu_decode.py``); CUDA runs the prefill
+kernels, whose query tiles hold 64 rows, for one. This times that against torch SDPA on the same fp16 tensors:
+ONNX ``Attention`` nodes (grouped heads as they are) compiled here for cuda-sm90, checked and timed there.
+
+    python benchmarks/attention_decode.py --build                 # here: build/gpu/decode/*.tvmpkg
+    python3 benchmarks/attention_decode.py --run --out DIR        # GPU machine -> DIR/attention-decode-<gpu>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+BUILD = REPO / "build" / "gpu" / "decode"
+# name -> (batch, query rows, keys, heads, K/V heads, head dim): Llama-style grouped heads at 2048 and (batch 8) 4096
+# keys, GPT-2-medium-style heads at batch 4
+CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64), "gqa_b8": (8, 1, 4096, 32, 8, 128)}
+
+
+def build() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from compiler import compile_model
+
+    BUILD.mkdir(parents=True, exist_ok=True)
+    for name, (b, s, skv, h, hkv, d) in CASES.items():
+        node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=hkv)
+        shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
+        io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, shape) for n, shape in shapes.items()]
+        model = helper.make_model(helper.make_graph([node], "decode", io[:-1], io[-1:]),
+                                  opset_imports=[helper.make_opsetid("", 23)])
+        model.ir_version = 10
+        onnx.save(model, BUILD / f"{name}.onnx")
+        manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
+        print(name, manifest["kernels"], flush=True)
+
+
+def _cuda_ms(fn, repeat: int = 200, warmup: int = 20) -> float:
+    """Median ms of ``fn`` between CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def run(out: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchmarks.common import gpu_slug
+    from compiler.runtime import load
+
+    records = []
+    for name, (b, s, skv, h, hkv, d) in CASES.items():
+        runner = load(str(BUILD / f"{name}.tvmpkg"))
+        rng = np.random.default_rng(0)
+        x = {"q": rng.standard_normal((b, s, h * d)), "k": rng.standard_normal((b, skv, hkv * d)),
+             "v": rng.standard_normal((b, skv, hkv * d))}
+        x = {n: a.astype(np.float16) for n, a in x.items()}
+        ours = np.asarray(runner(**x)["y"], np.float64)
+        heads = {"q": h, "k": hkv, "v": hkv}
+        q, k, v = (torch.from_numpy(x[n]).cuda().view(b, -1, heads[n], d).transpose(1, 2) for n in "qkv")
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+        ref = ref.transpose(1, 2).reshape(b, s, h * d).cpu().numpy()
+        rec = {"case": name, "batch": b, "seq_q": s, "seq_kv": skv, "heads": h, "kv_heads": hkv, "d": d,
+               "dtype": "float16", "device": torch.cuda.get_device_name(0),
+               "rel_err": float(np.linalg.norm(ours - ref) / np.linalg.norm(ref)),
+               "kv_bytes": 2 * b * skv * hkv * d * 2, "tvmpipe_ms": float(np.median(runner.time(x, repeat=200, warmup=20).ms))}
+        for impl, backend in (("torch", None), ("torch-flash", SDPBackend.FLASH_ATTENTION),
+                              ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def sdpa(backend=backend):
+                if backend is None:  # torch's own choice
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            rec[f"{impl}_ms"] = _cuda_ms(sdpa)
+        rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
+        rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
+        print(json.dumps(rec), flush=True)
+        records.append(rec)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"attention-decode-{gpu_slug()}.json"
+    path.write_text(json.dumps(records, indent=1))
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--build", action="store_true", help="compile the packages here")
+    mode.add_argument("--run", action="store_true", help="check and time them on the GPU machine")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = ap.parse_args()
+    build() if args.build else run(args.out)
+
+
+if __name__ == "__main__":
+    main()
