@@ -44,30 +44,12 @@ def build() -> None:
         print(name, manifest["kernels"], flush=True)
 
 
-def _cuda_ms(fn, repeat: int = 200, warmup: int = 20) -> float:
-    """Median ms of ``fn`` between CUDA events."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
-
-
 def run(out: Path) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.common import gpu_slug
+    from benchmarks.common import cuda_ms, gpu_slug
     from compiler.runtime import load
 
     records = []
@@ -93,7 +75,7 @@ def run(out: Path) -> None:
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            rec[f"{impl}_ms"] = _cuda_ms(sdpa)
+            rec[f"{impl}_ms"] = float(np.median(cuda_ms(sdpa, repeat=200, warmup=20)))
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         print(json.dumps(rec), flush=True)

@@ -36,6 +36,24 @@ def interleaved(turns: dict[str, Callable[[], list[float]]], rounds: int,
     return times
 
 
+def cuda_ms(fn, repeat: int, warmup: int) -> list[float]:
+    """Per-call latency of ``fn`` with CUDA events, one call between each pair (launch overhead included)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
 # Nsight Compute: the sections profiled, and (record key, ncu metric name) of the figures kept from them
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
                 "SchedulerStats", "WarpStateStats")

@@ -46,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug, interleaved  # noqa: E402
+from benchmarks.common import cuda_ms, gpu_slug, interleaved  # noqa: E402
 
 CACHE = REPO / "build" / "zoo"
 RESULTS = REPO / "benchmarks" / "results"
@@ -246,24 +246,6 @@ def run_cpu(models: list[str], args: argparse.Namespace) -> Iterator[dict]:
 # ---------------------------------------------------------------- GPU: vs PyTorch eager / torch.compile
 
 
-def _cuda_ms(fn, repeat: int, warmup: int) -> list[float]:
-    """Per-call latency with CUDA events, one call between each pair (launch overhead included)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
-
-
 def _torch_baselines(name: str, batch: int, precision: str, args: argparse.Namespace) -> tuple[dict, list]:
     """Eager and torch.compile latencies with torch's defaults, and the float64 reference outputs."""
     import torch
@@ -276,13 +258,13 @@ def _torch_baselines(name: str, batch: int, precision: str, args: argparse.Names
         dtype = torch.float16 if precision == "fp16" else torch.float32
         net = net.to(dtype)
         xs = [_to_torch(a, dtype) for a in inputs.values()]
-        out = {"torch_eager_ms": _median(_cuda_ms(lambda: net(*xs), args.repeat, args.warmup))}
+        out = {"torch_eager_ms": _median(cuda_ms(lambda: net(*xs), args.repeat, args.warmup))}
         t0 = time.perf_counter()
         try:
             compiled = torch.compile(net)
             compiled(*xs)
             out["torch_compile_s"] = round(time.perf_counter() - t0, 1)
-            out["torch_compile_ms"] = _median(_cuda_ms(lambda: compiled(*xs), args.repeat, args.warmup))
+            out["torch_compile_ms"] = _median(cuda_ms(lambda: compiled(*xs), args.repeat, args.warmup))
         except Exception as err:  # recorded, so that one failing baseline does not lose the other rows
             out["torch_compile_error"] = f"{type(err).__name__}: {str(err).strip()[:200]}"
     torch._dynamo.reset()
