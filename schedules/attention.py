@@ -88,9 +88,15 @@ class AttentionSpec:
         return tirx.all(key < self.seq_kv, key <= row + causal_offset(self.seq_q, self.seq_kv, self.causal))
 
     def bias_at(self, bias, b, h, row, key):
-        """The bias for (b, h, row, key) in fp32; rows / keys past the end are clamped (their scores are unused)."""
+        """The bias for (b, h, row, key) in fp32 (``key`` a vector of keys: a vector of biases); rows / keys past the
+        end are clamped (their scores are unused)."""
         idx = broadcast_index(self.bias_shape, b, h, tirx.min(row, self.seq_q - 1))
-        return bias[(*idx, tirx.min(key, self.seq_kv - 1))].astype("float32")
+        key = tirx.min(key, self.seq_kv - 1)
+        return bias[(*idx, key)].astype(tvm.DataType("float32").with_lanes(key.ty.dtype.lanes))
+
+    def kv_at(self, x, b, key, hk, d):
+        """Element (key, d) of K or V ``x`` for key/value head hk in fp32; keys past the end are clamped."""
+        return x[b, tirx.min(key, self.seq_kv - 1), hk, d].astype("float32")
 
     @staticmethod
     def of(func: tirx.PrimFunc) -> AttentionSpec | None:

@@ -120,9 +120,6 @@ def body(spec, target: tvm.target.Target):
         SKP = ((skv + BK - 1) // BK * BK + L - 1) // L * L
         SQP = (sq + BQ - 1) // BQ * BQ
 
-    def key(k, b, j, hk, dd):
-        return T.Cast(f32, k[b, T.min(j, skv - 1), hk, dd])
-
     @T.macro
     def store_scores(acc, rows, jb, ib, j0, i0, b, h, bias, st, QB, RJ):
         for r in T.unroll(RJ // 2):
@@ -199,7 +196,7 @@ def body(spec, target: tvm.target.Target):
             for jj in range(BK):
                 for c in T.vectorized(DVP):
                     vf[jj, c] = T.if_then_else(
-                        j0 + jj < skv and c < DV, T.Cast(f32, v[b, T.min(j0 + jj, skv - 1), hk, T.min(c, DV - 1)]), T.float32(0)
+                        j0 + jj < skv and c < DV, spec.kv_at(v, b, j0 + jj, hk, T.min(c, DV - 1)), T.float32(0)
                     )
             # Sᵀ = K Qᵀ, RJ keys x QB queries at a time (each Qᵀ vector loaded once for RJ keys; K read where it
             # lies, keys past the end clamped to the last and masked: a float32 copy of the tile measured 2-5 % slower)
@@ -213,10 +210,10 @@ def body(spec, target: tvm.target.Target):
                 for dd in range(D):
                     for r in T.unroll(HJ):
                         for ii in T.vectorized(QB):
-                            acc0[r, ii] = acc0[r, ii] + key(k, b, j0 + jb * RJ + r, hk, dd) * qt[dd, ib * QB + ii]
+                            acc0[r, ii] = acc0[r, ii] + spec.kv_at(k, b, j0 + jb * RJ + r, hk, dd) * qt[dd, ib * QB + ii]
                     for r in T.unroll(HJ):
                         for ii in T.vectorized(QB):
-                            acc1[r, ii] = acc1[r, ii] + key(k, b, j0 + jb * RJ + HJ + r, hk, dd) * qt[dd, ib * QB + ii]
+                            acc1[r, ii] = acc1[r, ii] + spec.kv_at(k, b, j0 + jb * RJ + HJ + r, hk, dd) * qt[dd, ib * QB + ii]
                 store_scores(acc0, 0, jb, ib, j0, i0, b, h, bias, st, QB, RJ)
                 store_scores(acc1, HJ, jb, ib, j0, i0, b, h, bias, st, QB, RJ)
             # online softmax, lane-wise: new running max, exponentials, rescale of what was accumulated so far

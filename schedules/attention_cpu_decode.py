@@ -19,7 +19,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from . import attention_cpu
-from .attention import broadcast_index, causal_offset, kernel_signature
+from .attention import causal_offset, kernel_signature
 from .attention_cpu import lanes, transpose
 from .softmax_tir import vexp as exp
 
@@ -83,13 +83,6 @@ def body(spec, target: tvm.target.Target):
     nc = (kv_end + KC - 1) // KC  # chunks of keys per (batch, key/value head)
     CB = math.gcd(DV // L, 4)  # output vectors per register block of P·V
 
-    def elem(x, b, j, hk, d):
-        return T.Cast(f32, x[b, T.min(j, skv - 1), hk, d])
-
-    def bias_keys(bias, b, h, i, j):
-        """The bias of query row i at keys ``j`` (a vector; past the end clamped), in fp32."""
-        return bias[(*broadcast_index(spec.bias_shape, b, h, i), T.min(j, skv - 1))].astype(f"float32x{L}")
-
     def scores(acc0, acc1):
         """The L keys' scores, one per lane: their partial sums (a vector each) transposed and added."""
         cols = transpose([a[r, T.Ramp(0, 1, L)] for a in (acc0, acc1) for r in range(L // 2)])
@@ -130,17 +123,17 @@ def body(spec, target: tvm.target.Target):
                     for dd in range(D // L):
                         for kk in T.unroll(L // 2):
                             for l in T.vectorized(L):
-                                acc0[kk, l] = acc0[kk, l] + qf[r, dd * L + l] * elem(
+                                acc0[kk, l] = acc0[kk, l] + qf[r, dd * L + l] * spec.kv_at(
                                     k, b, j0 + jb * L + kk, hk, dd * L + l)
                         for kk in T.unroll(L // 2):
                             for l in T.vectorized(L):
-                                acc1[kk, l] = acc1[kk, l] + qf[r, dd * L + l] * elem(
+                                acc1[kk, l] = acc1[kk, l] + qf[r, dd * L + l] * spec.kv_at(
                                     k, b, j0 + jb * L + L // 2 + kk, hk, dd * L + l)
                     j = T.meta_var(T.Ramp(j0 + jb * L, 1, L))
                     seen = T.meta_var(spec.visible(r % sq, j))  # (a chunk is whole steps: none reaches the next)
                     if has_bias:
                         sc[r, T.Ramp(jb * L, 1, L)] = T.Select(
-                            seen, scores(acc0, acc1) + bias_keys(bias, b, hk * G + r // sq, r % sq, j), ninf)
+                            seen, scores(acc0, acc1) + spec.bias_at(bias, b, hk * G + r // sq, r % sq, j), ninf)
                     else:
                         sc[r, T.Ramp(jb * L, 1, L)] = T.Select(seen, scores(acc0, acc1), ninf)
                 # online softmax of the row's BT keys: lane-wise max, then across the lanes
@@ -167,7 +160,7 @@ def body(spec, target: tvm.target.Target):
                     for jj in range(BT):
                         for u in T.unroll(CB):
                             for l in T.vectorized(L):
-                                ob[u, l] = ob[u, l] + sc[r, jj] * elem(v, b, j0 + jj, hk, (cb * CB + u) * L + l)
+                                ob[u, l] = ob[u, l] + sc[r, jj] * spec.kv_at(v, b, j0 + jj, hk, (cb * CB + u) * L + l)
                     for u in T.unroll(CB):
                         for l in T.vectorized(L):
                             o[r, (cb * CB + u) * L + l] = ob[u, l]

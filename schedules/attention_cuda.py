@@ -1136,7 +1136,7 @@ def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
                                 for it in range((BK * max(D, DV) + NT - 1) // NT):
                                     e = T.meta_var(it * NT + tx)
                                     if e < BK * D:
-                                        ks[e // D, e % D] = T.Cast(f32, k[b, T.min(k0 + e // D, skv - 1), hk, e % D])
+                                        ks[e // D, e % D] = spec.kv_at(k, b, k0 + e // D, hk, e % D)
                                     if e < BK * DV:
                                         vs[e // DV, e % DV] = T.if_then_else(
                                             k0 + e // DV < skv, T.Cast(f32, v[b, T.min(k0 + e // DV, skv - 1), hk, e % DV]),
