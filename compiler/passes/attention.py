@@ -30,7 +30,8 @@ import tvm
 from tvm import relax, topi
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .util import const_array, dtype, private, scalar, sole_producer, static_shape, users
+from .util import (BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, const_array, dtype, private, scalar, sole_producer,
+                   static_shape, users)
 
 _SOFTMAX = is_op("relax.nn.softmax")(wildcard())
 # 16-bit graphs (the frontend sums them in float32): softmax in float32 with its probabilities cast back,
@@ -43,11 +44,11 @@ _NAN_ZEROED = is_op("relax.where")(is_op("relax.isnan")(wildcard()), wildcard(),
 _PV = is_op("relax.matmul")(_PROBS | _NAN_ZEROED | is_op("relax.astype")(_NAN_ZEROED), wildcard())
 _PATTERN = _PV | is_op("relax.astype")(_PV)
 _MASKED = -1e4  # additive values at or below this give exp(.) == 0 in float32: a masked position
-# ops whose output at an index depends only on their (broadcast) inputs at that index
-_ELEMENTWISE = {f"relax.{name}" for name in (
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "negative", "astype", "where", "logical_and",
-    "logical_or", "logical_not", "bitwise_and", "bitwise_or", "equal", "not_equal", "less", "less_equal", "greater",
-    "greater_equal")}
+# ops whose output at an index depends only on their (broadcast) inputs at that index: the arithmetic ones the other
+# passes move, and those masks are built of
+_ELEMENTWISE = {*UNARY_ELEMENTWISE, *BINARY_ELEMENTWISE, *(f"relax.{name}" for name in (
+    "where", "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "equal", "not_equal", "less",
+    "less_equal", "greater", "greater_equal"))}
 
 
 def _not_default_attention_dtypes(record: logging.LogRecord) -> bool:

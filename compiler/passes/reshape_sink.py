@@ -23,12 +23,10 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .util import UNARY_ELEMENTWISE, const_array, static_shape
+from .util import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, const_array, static_shape
 
-_BINARY_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
-                       "relax.maximum", "relax.minimum")
 _UNARY = reduce(or_, (is_op(op)(wildcard(), varg_default_wildcard=True) for op in UNARY_ELEMENTWISE))
-_BINARY = reduce(or_, (is_op(op)(wildcard(), wildcard()) for op in _BINARY_ELEMENTWISE))
+_BINARY = reduce(or_, (is_op(op)(wildcard(), wildcard()) for op in BINARY_ELEMENTWISE))
 
 
 def _adds_axes(reshape: relax.Call) -> bool:

@@ -13,6 +13,9 @@ from tvm import relax
 UNARY_ELEMENTWISE = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.leakyrelu",
                      "relax.sigmoid", "relax.tanh", "relax.exp", "relax.erf", "relax.sqrt", "relax.negative",
                      "relax.abs", "relax.clip", "relax.astype")
+# Relax ops that combine two (broadcast) tensors element by element.
+BINARY_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power", "relax.maximum",
+                      "relax.minimum")
 
 
 def const_array(expr: relax.Expr) -> np.ndarray | None:
