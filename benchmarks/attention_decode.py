@@ -1,8 +1,7 @@
-"""Decoding steps (one query row per head, a KV cache) on the GPU: where tvmpipe's CUDA attention stands.
-
-The CPU has a kernel for few query rows per head (``schedules/attention_cpu_decode.py``); CUDA runs the prefill
-kernels, whose query tiles hold 64 rows, for one. This times that against torch SDPA on the same fp16 tensors:
-ONNX ``Attention`` nodes (grouped heads as they are) compiled here for cuda-sm90, checked and timed there.
+"""Decoding steps (one query row per head, or a few, and a KV cache) on the GPU: tvmpipe's CUDA decode kernel
+(``schedules/attention_cuda_decode.py``), against the prefill kernels it replaces there (``tvmpipe-prefill``: 64-row
+query tiles for one row) and torch SDPA, on the same fp16 tensors. ONNX ``Attention`` nodes (grouped heads as they
+are) compiled here for cuda-sm90, checked against float64 and timed there.
 
     python benchmarks/attention_decode.py --build                 # here: build/gpu/decode/*.tvmpkg
     python3 benchmarks/attention_decode.py --run --out DIR        # GPU machine -> DIR/attention-decode-<gpu>.json
@@ -20,28 +19,40 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 BUILD = REPO / "build" / "gpu" / "decode"
-# name -> (batch, query rows, keys, heads, K/V heads, head dim): Llama-style grouped heads at 2048 and (batch 8) 4096
-# keys, GPT-2-medium-style heads at batch 4
-CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64), "gqa_b8": (8, 1, 4096, 32, 8, 128)}
+# name -> (batch, query rows, keys, heads, K/V heads, head dim): Llama-style grouped heads at 2048 keys (8 MB of K/V:
+# L2-resident from call to call), 32768 (134 MB) and batch 8 x 4096, and with 4 query rows (speculative decoding);
+# GPT-2-medium-style heads at batch 4
+CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "gqa_32k": (1, 1, 32768, 32, 8, 128), "gqa_b8": (8, 1, 4096, 32, 8, 128),
+         "gqa_b8_rows4": (8, 4, 4096, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64)}
 
 
-def build() -> None:
+def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int) -> None:
+    """An ONNX model of one ``Attention`` node (opset 23), fp16."""
     import onnx
     from onnx import TensorProto, helper
 
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=hkv)
+    shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, shape) for n, shape in shapes.items()]
+    model = helper.make_model(helper.make_graph([node], "decode", io[:-1], io[-1:]),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    onnx.save(model, path)
+
+
+def build() -> None:
+    from unittest import mock
+
     from compiler import compile_model
+    from schedules import attention_cuda_decode
 
     BUILD.mkdir(parents=True, exist_ok=True)
-    for name, (b, s, skv, h, hkv, d) in CASES.items():
-        node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=hkv)
-        shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
-        io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, shape) for n, shape in shapes.items()]
-        model = helper.make_model(helper.make_graph([node], "decode", io[:-1], io[-1:]),
-                                  opset_imports=[helper.make_opsetid("", 23)])
-        model.ir_version = 10
-        onnx.save(model, BUILD / f"{name}.onnx")
+    for name, case in CASES.items():
+        attention_model(BUILD / f"{name}.onnx", *case)
         manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
         print(name, manifest["kernels"], flush=True)
+        with mock.patch.object(attention_cuda_decode, "fits", lambda spec: False):  # the kernels before this one
+            compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-prefill.tvmpkg")
 
 
 def run(out: Path) -> None:
@@ -52,9 +63,8 @@ def run(out: Path) -> None:
     from benchmarks.common import cuda_ms, gpu_slug
     from compiler.runtime import load
 
-    records = []
-    for name, (b, s, skv, h, hkv, d) in CASES.items():
-        runner = load(str(BUILD / f"{name}.tvmpkg"))
+    def check(runner, b, s, skv, h, hkv, d):
+        """Inputs, torch views of them, and the package's relative error against float64."""
         rng = np.random.default_rng(0)
         x = {"q": rng.standard_normal((b, s, h * d)), "k": rng.standard_normal((b, skv, hkv * d)),
              "v": rng.standard_normal((b, skv, hkv * d))}
@@ -64,10 +74,28 @@ def run(out: Path) -> None:
         q, k, v = (torch.from_numpy(x[n]).cuda().view(b, -1, heads[n], d).transpose(1, 2) for n in "qkv")
         ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
         ref = ref.transpose(1, 2).reshape(b, s, h * d).cpu().numpy()
+        return x, (q, k, v), float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+    def graphed(fn):
+        """``fn`` captured in a CUDA graph (its launches replayed without Python): the GPU time at its best."""
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
+    records = []
+    for name, case in CASES.items():
+        b, s, skv, h, hkv, d = case
+        runner = load(str(BUILD / f"{name}.tvmpkg"))
+        x, (q, k, v), err = check(runner, *case)
         rec = {"case": name, "batch": b, "seq_q": s, "seq_kv": skv, "heads": h, "kv_heads": hkv, "d": d,
-               "dtype": "float16", "device": torch.cuda.get_device_name(0),
-               "rel_err": float(np.linalg.norm(ours - ref) / np.linalg.norm(ref)),
+               "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
                "kv_bytes": 2 * b * skv * hkv * d * 2, "tvmpipe_ms": float(np.median(runner.time(x, repeat=200, warmup=20).ms))}
+        prefill = load(str(BUILD / f"{name}-prefill.tvmpkg"))
+        rec["prefill_rel_err"] = check(prefill, *case)[2]
+        rec["tvmpipe-prefill_ms"] = float(np.median(prefill.time(x, repeat=200, warmup=20).ms))
         for impl, backend in (("torch", None), ("torch-flash", SDPBackend.FLASH_ATTENTION),
                               ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
             def sdpa(backend=backend):
@@ -76,8 +104,11 @@ def run(out: Path) -> None:
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             rec[f"{impl}_ms"] = float(np.median(cuda_ms(sdpa, repeat=200, warmup=20)))
+        rec["torch-graph_ms"] = float(np.median(cuda_ms(graphed(lambda: F.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True)), repeat=200, warmup=20)))
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
+        rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
         print(json.dumps(rec), flush=True)
         records.append(rec)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ KERNEL_ATTR = "tvmpipe.kernel"
 _OPAQUE = 8  # relax OpPatternKind::kOpaque: FuseOps never fuses the call with its neighbours
 
 
-def _static(x):
+def static(x):
     """A static extent as a Python int (index arithmetic stays 32-bit); a symbolic one as it is."""
     return int(x) if isinstance(x, tirx.IntImm) else x
 
@@ -106,10 +106,10 @@ class AttentionSpec:
         q, k, v = func.params[:3]
         bias = func.params[3] if len(func.params) == 5 else None
         return AttentionSpec(
-            batch=_static(q.shape[0]), seq_q=_static(q.shape[1]), seq_kv=_static(k.shape[1]), heads=int(q.shape[2]),
+            batch=static(q.shape[0]), seq_q=static(q.shape[1]), seq_kv=static(k.shape[1]), heads=int(q.shape[2]),
             kv_heads=int(k.shape[2]), head_dim=int(q.shape[3]), head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
             scale=float(attrs["tvmpipe.attention.scale"]), causal=str(attrs["tvmpipe.attention.causal"]),
-            bias_shape=tuple(_static(n) for n in bias.shape) if bias is not None else None,
+            bias_shape=tuple(static(n) for n in bias.shape) if bias is not None else None,
             bias_dtype=str(bias.dtype) if bias is not None else None,
         )
 
@@ -129,9 +129,9 @@ def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None,
 
     def logit(b, h, i, j):
         x = score[b, h, i, j] * tirx.const(scale, f32)
-        return x + bias[(*broadcast_index([_static(n) for n in bias.shape], b, h, i), j)].astype(f32) if bias is not None else x
+        return x + bias[(*broadcast_index([static(n) for n in bias.shape], b, h, i), j)].astype(f32) if bias is not None else x
 
-    offset = causal_offset(_static(seq_q), _static(seq_kv), causal)
+    offset = causal_offset(static(seq_q), static(seq_kv), causal)
     logits = te.compute(
         score.shape,
         lambda b, h, i, j: logit(b, h, i, j) if causal == "none"
@@ -186,6 +186,20 @@ def kernel_signature(spec, body) -> tirx.PrimFunc:
             body(q, k, v, None, out)
 
     return attention
+
+
+def by_query_rows(spec, most: int, few, many) -> tirx.PrimFunc:
+    """One kernel of two bodies (TVMScript macros): ``few`` for at most ``most`` query rows, ``many`` for more, chosen
+    per call (a model exported with a symbolic query length serves prompt and decoding steps alike)."""
+
+    @T.macro
+    def either(q, k, v, bias, out):
+        if spec.seq_q <= most:
+            few(q, k, v, bias, out)
+        else:
+            many(q, k, v, bias, out)
+
+    return kernel_signature(spec, either)
 
 
 def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -19,7 +19,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from . import attention_cpu
-from .attention import causal_offset, kernel_signature
+from .attention import by_query_rows, causal_offset, kernel_signature
 from .attention_cpu import lanes, transpose
 from .softmax_tir import vexp as exp
 
@@ -45,16 +45,7 @@ def cpu_kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
         return attention_cpu.kernel(spec, target)
     if isinstance(spec.seq_q, int):
         return kernel(spec, target)
-    few, many = body(spec, target), attention_cpu.body(spec, target)
-
-    @T.macro
-    def either(q, k, v, bias, out):
-        if spec.seq_q <= MAX_SEQ_Q:
-            few(q, k, v, bias, out)
-        else:
-            many(q, k, v, bias, out)
-
-    return kernel_signature(spec, either)
+    return by_query_rows(spec, MAX_SEQ_Q, body(spec, target), attention_cpu.body(spec, target))
 
 
 def _reduce(v: tirx.PrimExpr, op, n: int) -> tirx.PrimExpr:

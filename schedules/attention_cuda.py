@@ -76,7 +76,8 @@ from tvm.script import tirx as T
 
 from compiler.targets import cuda_arch
 
-from .attention import causal_offset, kernel_signature
+from . import attention_cuda_decode
+from .attention import by_query_rows, causal_offset, kernel_signature
 from .common import LOG2E, ex2, sm_count, sm_version, warp_shuffle_xor
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
@@ -94,10 +95,22 @@ def has_wgmma(target: tvm.target.Target) -> bool:
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
-    """The fused kernel for ``spec`` (an ``AttentionSpec``): tensor cores where they apply."""
+    """The fused kernel for ``spec`` (an ``AttentionSpec``): the decode kernel for few query rows per head
+    (``attention_cuda_decode``), else tensor cores where they apply. A query length known only at run time (a model
+    exported for prefill and decoding steps alike) gets both, chosen per call."""
+    if not attention_cuda_decode.fits(spec):
+        return kernel_signature(spec, prefill_body(spec, target))
+    if isinstance(spec.seq_q, int):
+        return attention_cuda_decode.kernel(spec)
+    return by_query_rows(spec, attention_cuda_decode.MAX_SEQ_Q, attention_cuda_decode.body(spec),
+                         prefill_body(spec, target))
+
+
+def prefill_body(spec, target: tvm.target.Target):
+    """The body of the kernel for many query rows per head: tensor cores where they apply, else SIMT."""
     if tensor_cores(spec.dtype, spec.head_dim, spec.head_dim_v, target):
-        return flash_mma(spec, choose(spec, has_wgmma(target)))
-    return flash_simt(spec, simt_split(spec))
+        return mma_body(spec, choose(spec, has_wgmma(target)))
+    return simt_body(spec, simt_split(spec))
 
 
 @dataclass(frozen=True)
@@ -260,6 +273,11 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
 
 def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     """The tensor-core flash-attention kernel (see the module docstring)."""
+    return kernel_signature(spec, mma_body(spec, cfg))
+
+
+def mma_body(spec, cfg: TileConfig):
+    """The tensor-core kernel's body: a TVMScript macro ``(q, k, v, bias, out)``."""
     H, G, D, dtype = spec.heads, spec.group, spec.head_dim, spec.dtype
     ab = TC_DTYPES[dtype]
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
@@ -304,7 +322,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     nq = (sq + BM - 1) // BM
     items = nq * H * batch  # work items: (query tile, head, batch)
     ctas = min(PC, items) if isinstance(items, int) else PC  # persistent grid
-    idx = getattr(items, "dtype", "int32")
+    idx = "int32" if isinstance(items, int) else str(items.ty.dtype)
     # scores go to the exp2 domain with one FMA: p = exp2(s * c - m), c = scale * log2(e); with a bias
     # the logits are formed in natural units first (c would overflow a -FLT_MAX mask to -inf)
     fold = spec.scale > 0 and not has_bias
@@ -1056,7 +1074,7 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
     def body(q, k, v, bias, out):
         grid(q, k, v, bias, out, None)
 
-    return kernel_signature(spec, body_tma if WS else body)
+    return body_tma if WS else body
 
 
 SIMT_THREADS = 128
@@ -1079,6 +1097,11 @@ def simt_split(spec) -> int:
 
 
 def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
+    """The SIMT kernel (``simt_body``) as a PrimFunc."""
+    return kernel_signature(spec, simt_body(spec, split))
+
+
+def simt_body(spec, split: int):
     """Correct fallback for any dtype / head dims on CUDA cores: ``split`` lanes per query row, K/V tiles in
     shared memory.
 
@@ -1181,4 +1204,4 @@ def flash_simt(spec, split: int = 1) -> tvm.tirx.PrimFunc:
                                     if c % split == part:
                                         out[b, row, h, c] = T.Cast(dtype, o[c] / st[1])
 
-    return kernel_signature(spec, body)
+    return body

@@ -557,12 +557,16 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
     with target:
         host = default_s_tir_pipeline()[0](mod)["emu"].script()
     source = cuda_source(func, target, "emu")
+    # global scratch the host function allocates for its kernels (e.g. partial results one kernel leaves the next),
+    # filled with garbage as device memory is
+    scratch = {name: np.frombuffer(np.full(int(n) * np.dtype(dtype or "float32").itemsize, 0xA5, np.uint8), dtype or "float32").copy()
+               for name, n, dtype in re.findall(r'(\w+) = T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?\)', host)}
     with tempfile.TemporaryDirectory() as tmp:
         for name in re.findall(r'T\.call_ffi_kernel\("(emu_kernel\w*)"', host):
             grid, threads, smem = launch_config(host, name)
             (Path(tmp) / name).mkdir()
             lib, names = compile_kernel(source, name, Path(tmp) / name)
-            args = {**arrays, **tensor_maps(host, arrays)}
+            args = {**scratch, **arrays, **tensor_maps(host, arrays)}
             ptrs = (ctypes.c_void_p * len(names))(*[args[n].ctypes.data for n in names])
             # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
             launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)

@@ -355,6 +355,70 @@ def test_cuda_simt_split_for_few_ctas():
     assert simt_split(spec(tvm.tirx.Var("b", "int64"), 128)) == 1
 
 
+# decoding steps (few query rows per key/value head): the decode kernel, through the rule
+DECODE_CASES = {
+    # 12 rows per key/value head: row blocks of 8 and 4; chunks of keys merged by the second kernel
+    "fp16-d128-gqa-3-rows-padding-bottom-right": (2, 3, 150, 8, 2, 128, "float16", (2, 1, 1, 150), "BottomRight"),
+    # 16 heads sharing one key/value head (two row blocks), 33 keys: one chunk, written without the merge kernel
+    "bf16-d64-one-kv-head-one-chunk": (1, 1, 33, 16, 1, 64, "bfloat16", None, None),
+    # 8 lanes a key row, a bias per query row; causal from the top left: the rows see 1 and 2 of 300 keys
+    "fp32-d32-row-bias-top-left": (2, 2, 300, 6, 2, 32, "float32", (2, 6, 2, 300), "TopLeft"),
+    # a key row in one lane's 16 bytes
+    "fp16-d8-4-rows-bottom-right": (1, 4, 70, 2, 2, 8, "float16", None, "BottomRight"),
+}
+
+
+@pytest.mark.parametrize("case", DECODE_CASES.values(), ids=DECODE_CASES.keys())
+def test_cuda_decode_kernel_emulated(rng, case):
+    b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
+    assert "attention_decode" in func.script()
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
+
+
+def test_cuda_decode_kernel_fully_masked_rows(rng):
+    """Row 1 masked everywhere (NaN, as the unfused graph); row 2 over its first two chunks of 128 keys, whose
+    -inf maxima the merge must weigh as nothing."""
+    b, sq, skv, h, d = 1, 4, 300, 2, 64
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv)))
+    assert "attention_decode_combine" in func.script()
+    arrays = inputs(rng, b, sq, skv, h, h, d, "float16")
+    arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv, full=1, part=2, upto=256).astype(np.float16)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    ref = reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"])
+    assert np.isnan(ref[:, 1]).all() and not np.isnan(ref[:, 2]).any()
+    assert_close(arrays["out"], ref, "float16")
+
+
+def test_cuda_decode_kernel_where_few_rows_per_head():
+    """Up to 4 query rows per head whose K/V rows split into 16-byte loads over a power of two of lanes take the decode
+    kernel; other shapes the prefill kernels; a query length known only at run time, both (chosen per call)."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import kernel
+    from schedules.attention_cuda_decode import fits
+
+    def spec(sq, d=128, dtype="float16", skv=512):
+        return AttentionSpec(1, sq, skv, 8, 2, d, d, dtype, 0.1, "none", None, None)
+
+    n = tvm.tirx.Var("n", "int64")
+    assert all(fits(spec(sq)) for sq in (1, 2, 4, n)) and not fits(spec(5))
+    assert fits(spec(1, 256, "float32")) and fits(spec(1, 8)) and not fits(spec(1, 40)) and not fits(spec(1, 24))
+    target = targets.resolve("cuda-sm90").target
+
+    def kernels(sq) -> set[str]:
+        script = kernel(spec(sq), target).script()
+        return {name for name, block in (("decode", "attention_decode"), ("prefill", "flash_attention")) if block in script}
+
+    assert kernels(1) == {"decode"} and kernels(5) == {"prefill"} and kernels(n) == {"decode", "prefill"}
+    # keys in chunks over the GPU, merged by a second kernel; keys for one step of a CTA: one chunk, no merge
+    assert "attention_decode_combine" in kernel(spec(1), target).script()
+    assert "attention_decode_combine" not in kernel(spec(1, skv=30), target).script()
+
+
 def test_cuda_tensor_core_fully_masked_rows(rng):
     b, sq, skv, h, d = 1, 9, 150, 2, 64
     func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv)))
@@ -407,22 +471,25 @@ def test_cuda_wgmma_kernels_keep_their_pipeline(tmp_path, seq, d, causal):
     assert "wgmma.mma_async instructions are serialized" not in done.stdout + done.stderr
 
 
-def test_cuda_tma_kernel_symbolic_lengths():
+@pytest.mark.parametrize("causal", ["TopLeft", "none"])
+def test_cuda_tma_kernel_symbolic_lengths(causal):
     """One TMA kernel for any batch / sequence length: tensor maps encoded from the runtime shapes, 32-bit coordinates;
-    persistent too (its CTAs loop over a count of items known at run time)."""
+    persistent too (its CTAs loop over a count of items known at run time: the rule's without a causal mask). The
+    rule's kernel also holds the decode kernel, for calls of few query rows."""
     from dataclasses import replace
 
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, flash_mma, kernel
 
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
-    spec = AttentionSpec(b, s, s, 16, 4, 64, 64, "float16", 0.125, "TopLeft", None, None)
+    spec = AttentionSpec(b, s, s, 16, 4, 64, 64, "float16", 0.125, causal, None, None)
     target = targets.resolve("cuda-sm90").target
-    func = kernel(spec, target)  # (the rule's for an unknown length, causal: one CTA per item)
+    func = kernel(spec, target)
     persistent = flash_mma(spec, replace(choose(spec, wgmma=True), persistent=132, q_bufs=2))
     for f in (func, persistent):
         source = cuda_emu.cuda_source(f, target)
         assert "cp.async.bulk.tensor.4d" in source and "tensormap_encode_tiled" in f.script()
+    assert "attention_decode" in func.script()
 
 
 def test_cuda_rule_picks_wgmma_where_it_won():
