@@ -132,7 +132,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .report import format_text, inspect_model
 
     report = inspect_model(args.model, args.target, _shapes(args.input_shape),
-                           fusion="none" if args.no_fusion else "tvmpipe", dump_dir=args.dump_ir,
+                           fusion="none" if args.no_fusion else "tvmpipe", custom_schedules=not args.no_custom_schedules,
+                           dump_dir=args.dump_ir,
                            bind=_bindings(args.bind_input))
     print(json.dumps(report) if args.json else format_text(report))
     return 0
@@ -284,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
     s.add_argument("--no-fusion", action="store_true", help="as compile --no-fusion: one kernel per op")
+    s.add_argument("--no-custom-schedules", action="store_true", help="as compile --no-custom-schedules: TVM's own")
     s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     s.set_defaults(func=cmd_inspect)
 

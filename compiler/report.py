@@ -90,10 +90,12 @@ def inspect_model(
     shapes: dict[str, tuple[int, ...]] | None = None,
     *,
     fusion: str = "tvmpipe",
+    custom_schedules: bool = True,
     dump_dir: str | Path | None = None,
     bind: dict[str, np.ndarray] | None = None,
 ) -> dict:
-    """The report as one JSON-ready dict (see the module docstring)."""
+    """The report as one JSON-ready dict (see the module docstring); ``fusion`` and ``custom_schedules`` as the
+    compile options of those names (the kernels that configuration builds)."""
     info = targets.resolve(target)
     imported = frontend.load(model, shapes, bind)
     before = _relax_ops(imported.mod)
@@ -114,13 +116,14 @@ def inspect_model(
                 changes.append({"pass": name, "removed": dict(before - after), "added": dict(after - before)})
             before = after
 
-    options = Options(fusion=fusion)
+    options = Options(fusion=fusion, custom_schedules=custom_schedules)
     mod, provenance, _ = schedule(prepare_imported(imported, info, options, observe), options)
     kernels = _kernels(mod, provenance)
     return {
         "model": str(model),
         "target": {"name": info.name, "summary": info.isa_summary()},
         "fusion": fusion,
+        "custom_schedules": custom_schedules,
         "onnx_nodes": sum(imported.op_counts.values()),
         "onnx_ops": dict(imported.op_counts.most_common()),
         "relax_ops_after_import": sum(_relax_ops(imported.mod).values()),
@@ -156,7 +159,7 @@ def format_text(report: dict) -> str:
     t = report["totals"]
     lines = [
         f"model    {report['model']} for {report['target']['name']} ({report['target']['summary']}), "
-        f"fusion: {report['fusion']}",
+        f"fusion: {report['fusion']}" + ("" if report["custom_schedules"] else ", TVM's own schedules"),
         f"onnx     {report['onnx_nodes']} nodes: " + ", ".join(f"{op} {n}" for op, n in report["onnx_ops"].items()),
         f"relax    {report['relax_ops_after_import']} ops after import",
     ]

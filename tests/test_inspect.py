@@ -38,7 +38,7 @@ def test_json_kernels_ops_and_bytes(capsys, mlp):
     assert fused["ops"] == ["relax.matmul", "relax.add", "relax.nn.relu"] and last["ops"] == ["relax.matmul"]
     # matmul and add outputs stay inside the kernel: each 84 bytes, written once and read once
     assert fused["saved_bytes"] == 2 * (84 + 84) and last["saved_bytes"] == 0
-    assert fused["schedule"] == last["schedule"] == "hand:CpuMatmul"
+    assert fused["schedule"] == last["schedule"] == "hand:CpuMatmul" and report["custom_schedules"] is True
     scratch = fused["scratch_bytes"] + last["scratch_bytes"]
     assert report["totals"] == {"kernels": 2, "saved_bytes": 336, "scratch_bytes": scratch}
 
@@ -50,10 +50,19 @@ def test_no_fusion_is_one_kernel_per_op(capsys, mlp):
     assert report["fusion"] == "none" and report["totals"]["saved_bytes"] == 0
 
 
+def test_no_custom_schedules_shows_tvms_own(capsys, mlp):
+    """The kernels compile --no-custom-schedules builds: the same fusion, TVM's default schedules, none of ours."""
+    report = inspect_json(capsys, mlp, "--no-custom-schedules")
+    assert [k["ops"] for k in report["kernels"]] == [["relax.matmul", "relax.add", "relax.nn.relu"], ["relax.matmul"]]
+    assert report["custom_schedules"] is False and not any(k["schedule"].startswith("hand:") for k in report["kernels"])
+    r = run_cli(capsys, "inspect", mlp, "--target", "cpu", "--no-custom-schedules")
+    assert r.code == 0 and "fusion: tvmpipe, TVM's own schedules" in r.out, r.err
+
+
 def test_text_report(capsys, mlp):
     r = run_cli(capsys, "inspect", mlp, "--target", "cpu")
     assert r.code == 0, r.err
-    assert "MatMul 2, Add 1, Relu 1" in r.out and "2 launched per inference" in r.out
+    assert "MatMul 2, Add 1, Relu 1" in r.out and "2 launched per inference" in r.out and "TVM's own" not in r.out
     line = next(ln for ln in r.out.splitlines() if "fused_matmul_add_relu" in ln)
     assert "336 B" in line and "matmul + add + relu" in line and "hand:CpuMatmul" in line
 
