@@ -13,7 +13,7 @@ at memory speed, so here:
   ``cp.async`` (steps t+1 .. t+STAGES-1 in flight while step t is computed) and reads back only what it copied
   itself, so the ring needs no barrier;
 * a score is the group's lanes' partial dot products summed by shuffles; each group keeps an online softmax (in
-  base 2, the scale folded into Q) and its slice of the output rows in registers; the CTA's groups merge through
+  base 2, the scale folded into Q; with a bias, natural units) and its slice of the output rows in registers; the CTA's groups merge through
   shared memory at the end;
 * the chunks' (max, sum, output) go to a workspace, and a second kernel merges them per row (flash-decoding's
   combine). A single chunk writes the output directly.
@@ -60,7 +60,8 @@ def block_rows(spec) -> int:
 def fits(spec) -> bool:
     """Few query rows per head (or a count known only at run time) and key rows that split into 16-byte loads."""
     few = not isinstance(spec.seq_q, int) or spec.seq_q <= MAX_SEQ_Q
-    return few and layout(spec) is not None and layout(spec)[2] * layout(spec)[0] <= LANE_FLOATS
+    shape = layout(spec)
+    return few and shape is not None and shape[0] * shape[2] <= LANE_FLOATS
 
 
 def kernel(spec) -> tvm.tirx.PrimFunc:
@@ -89,6 +90,14 @@ def body(spec):
     per_cta = static(T.max(1, (steps * batch * HKV * NRB + ctas - 1) // ctas))  # steps per chunk
     nc = (steps + per_cta - 1) // per_cta  # chunks per (batch, key/value head, row block)
     split = not isinstance(nc, int) or nc > 1
+
+    # scores in base 2 (the scale and log2(e) folded into Q); with a bias, in natural units, each exponent's argument
+    # then multiplied by log2(e): a float32 bias of -FLT_MAX (a mask, as exported) times log2(e) would be -inf, and a
+    # row masked so everywhere would give NaN where the unfused graph gives the mean of V
+    unit = 1.0 if has_bias else LOG2E
+
+    def exp(x):  # e to the power of a difference of scores
+        return ex2(x * T.float32(LOG2E)) if has_bias else ex2(x)
 
     def below(x, n):  # x < n, in Python (which widens an int32 index to a symbolic length's int64; the parser does not)
         return x < n
@@ -135,7 +144,7 @@ def body(spec):
             for nv in T.unroll(NVL):
                 for e in T.unroll(VEC):
                     qr[r, nv, e] = T.Cast(f32, q[b, gr(rb, r) % sq, hk * G + gr(rb, r) // sq, col(lane, nv, e)]) * T.float32(
-                        spec.scale * LOG2E)
+                        spec.scale * unit)
                     o[r, nv, e] = T.float32(0)
             st[r, 0] = neg_inf
             st[r, 1] = T.float32(0)
@@ -161,7 +170,7 @@ def body(spec):
                         s[u, r] = s[u, r] + warp_shuffle_xor(s[u, r], 1 << lg)
                     key = T.meta_var(k0 + u * NG + g)
                     if has_bias:
-                        s[u, r] = s[u, r] + spec.bias_at(bias, b, hk * G + gr(rb, r) // sq, gr(rb, r) % sq, key) * T.float32(LOG2E)
+                        s[u, r] = s[u, r] + spec.bias_at(bias, b, hk * G + gr(rb, r) // sq, gr(rb, r) % sq, key)
                     s[u, r] = T.if_then_else(spec.visible(gr(rb, r) % sq, key), s[u, r], neg_inf)
             for r in T.unroll(R):
                 mx[0] = st[r, 0]
@@ -169,14 +178,14 @@ def body(spec):
                     mx[0] = T.max(mx[0], s[u, r])
                 mx[1] = T.if_then_else(mx[0] == neg_inf, T.float32(0), mx[0])  # all masked so far: p = 0
                 if mx[0] > st[r, 0]:  # the running max moved: rescale (run3 of the variants: +1-4 %, level)
-                    mx[2] = ex2(st[r, 0] - mx[1])
+                    mx[2] = exp(st[r, 0] - mx[1])
                     st[r, 0] = mx[0]
                     st[r, 1] = st[r, 1] * mx[2]
                     for nv in T.unroll(NVL):
                         for e in T.unroll(VEC):
                             o[r, nv, e] = o[r, nv, e] * mx[2]
                 for u in T.unroll(U):
-                    s[u, r] = ex2(s[u, r] - mx[1])
+                    s[u, r] = exp(s[u, r] - mx[1])
                     st[r, 1] = st[r, 1] + s[u, r]
                     for nv in T.unroll(NVL):
                         for e in T.unroll(VEC):
@@ -203,8 +212,8 @@ def body(spec):
                 mx[2] = T.float32(0)
                 mx[3] = T.float32(0)
                 for gg in range(NG):
-                    mx[2] = mx[2] + red[gg, r, 1] * ex2(red[gg, r, 0] - mx[1])
-                    mx[3] = mx[3] + ro[gg, r, d] * ex2(red[gg, r, 0] - mx[1])
+                    mx[2] = mx[2] + red[gg, r, 1] * exp(red[gg, r, 0] - mx[1])
+                    mx[3] = mx[3] + ro[gg, r, d] * exp(red[gg, r, 0] - mx[1])
                 if split:
                     w = T.meta_var(((b * HKV + hk) * nc + c) * RG + rb * R + r)
                     wo[w, d] = mx[3]
@@ -226,8 +235,8 @@ def body(spec):
         acc[2] = T.float32(0)
         acc[3] = T.float32(0)
         for c in range(nc):
-            acc[2] = acc[2] + wl[w0 + c * RG] * ex2(wm[w0 + c * RG] - acc[1])
-            acc[3] = acc[3] + wo[w0 + c * RG, d] * ex2(wm[w0 + c * RG] - acc[1])
+            acc[2] = acc[2] + wl[w0 + c * RG] * exp(wm[w0 + c * RG] - acc[1])
+            acc[3] = acc[3] + wo[w0 + c * RG, d] * exp(wm[w0 + c * RG] - acc[1])
         out[b, r % sq, hk * G + r // sq, d] = T.Cast(dtype, acc[3] / acc[2])
 
     @T.macro

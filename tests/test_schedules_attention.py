@@ -394,6 +394,22 @@ def test_cuda_decode_kernel_fully_masked_rows(rng):
     assert_close(arrays["out"], ref, "float16")
 
 
+def test_cuda_decode_kernel_float32_min_mask(rng):
+    """A float32 mask of -FLT_MAX, as exported: a head masked so over every key gets what the unfused graph gives (its
+    scores vanish in the mask: the mean of V), not NaN; one masked over its first 200 keys sees the other 100."""
+    b, sq, skv, h, hkv, d = 1, 1, 300, 4, 1, 32
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, "float32", (b, h, sq, skv)))
+    assert "attention_decode" in func.script()
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", (b, h, sq, skv))
+    arrays["bias"][:, 1] = np.finfo(np.float32).min
+    arrays["bias"][:, 2, :, :200] = np.finfo(np.float32).min
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    ref = reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"])
+    ref[:, :, 1] = arrays["v"][:, :, 0].astype(np.float64).mean(axis=1)[:, None]
+    assert_close(arrays["out"], ref, "float32")
+
+
 def test_cuda_decode_kernel_where_few_rows_per_head():
     """Up to 4 query rows per head whose K/V rows split into 16-byte loads over a power of two of lanes take the decode
     kernel; other shapes the prefill kernels; a query length known only at run time, both (chosen per call)."""
