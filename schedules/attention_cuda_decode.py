@@ -39,6 +39,7 @@ LOADS = 4  # 16-byte loads of K (and as many of V) per lane per step
 STAGES = 3  # steps in each thread's cp.async ring
 WAVES = 2  # chunks aimed for: this many CTAs per SM in all
 
+
 def layout(spec) -> tuple[int, int, int] | None:
     """(elements per 16-byte load, lanes per key row, loads per lane per row), or None if a row does not split so."""
     vec = 128 // tvm.DataType(spec.dtype).bits
@@ -125,13 +126,27 @@ def body(spec):
         T.ptx.cp.async_.commit_group()
 
     @T.macro
+    def merged(acc, n, m_at, l_at, o_at):
+        """acc <- (max, its exponents' base, sum, output) of n partial softmaxes, partial i's max, sum and output
+        ``m_at(i)``, ``l_at(i)``, ``o_at(i)``: each rescaled to the largest max (the CTA's lane groups; the chunks)."""
+        acc[0] = neg_inf
+        for i in range(n):
+            acc[0] = T.max(acc[0], m_at(i))
+        acc[1] = T.if_then_else(acc[0] == neg_inf, T.float32(0), acc[0])
+        acc[2] = T.float32(0)
+        acc[3] = T.float32(0)
+        for i in range(n):
+            acc[2] = acc[2] + l_at(i) * exp(m_at(i) - acc[1])
+            acc[3] = acc[3] + o_at(i) * exp(m_at(i) - acc[1])
+
+    @T.macro
     def chunk(q, k, v, bias, out, wm, wl, wo, c, y, b, tx):
         qr = T.alloc_buffer((R, NVL, VEC), f32, scope="local")
         kr = T.alloc_buffer((U, NVL, VEC), dtype, scope="local")
         vr = T.alloc_buffer((U, NVL, VEC), dtype, scope="local")
         s = T.alloc_buffer((U, R), f32, scope="local")
         o = T.alloc_buffer((R, NVL, VEC), f32, scope="local")
-        st = T.alloc_buffer((R, 2), f32, scope="local")  # running max (base 2), sum
+        st = T.alloc_buffer((R, 2), f32, scope="local")  # running max (in the scores' units), sum
         mx = T.alloc_buffer((4,), f32, scope="local")  # a row's new max, its exponents' base; a merged sum, output
         red = T.alloc_buffer((NG, R, 2), f32, scope="shared.dyn")
         ro = T.alloc_buffer((NG, R, D), f32, scope="shared.dyn")
@@ -205,15 +220,7 @@ def body(spec):
         for i in T.unroll((R * D + NT - 1) // NT):
             r, d = T.meta_var((i * NT + tx) // D), T.meta_var((i * NT + tx) % D)
             if i * NT + tx < R * D and below(rb * R + r, rows):
-                mx[0] = neg_inf
-                for gg in range(NG):
-                    mx[0] = T.max(mx[0], red[gg, r, 0])
-                mx[1] = T.if_then_else(mx[0] == neg_inf, T.float32(0), mx[0])
-                mx[2] = T.float32(0)
-                mx[3] = T.float32(0)
-                for gg in range(NG):
-                    mx[2] = mx[2] + red[gg, r, 1] * exp(red[gg, r, 0] - mx[1])
-                    mx[3] = mx[3] + ro[gg, r, d] * exp(red[gg, r, 0] - mx[1])
+                merged(mx, NG, lambda gg: red[gg, r, 0], lambda gg: red[gg, r, 1], lambda gg: ro[gg, r, d])
                 if split:
                     w = T.meta_var(((b * HKV + hk) * nc + c) * RG + rb * R + r)
                     wo[w, d] = mx[3]
@@ -226,17 +233,9 @@ def body(spec):
     @T.macro
     def combine(wm, wl, wo, out, r, hk, b, d):
         """Row r of (b, hk), column d, from its chunks (0/0 = NaN: a fully masked row, as the unfused graph)."""
-        acc = T.alloc_buffer((4,), f32, scope="local")  # max, base, sum, output
+        acc = T.alloc_buffer((4,), f32, scope="local")
         w0 = T.meta_var((b * HKV + hk) * nc * RG + r)
-        acc[0] = neg_inf
-        for c in range(nc):
-            acc[0] = T.max(acc[0], wm[w0 + c * RG])
-        acc[1] = T.if_then_else(acc[0] == neg_inf, T.float32(0), acc[0])
-        acc[2] = T.float32(0)
-        acc[3] = T.float32(0)
-        for c in range(nc):
-            acc[2] = acc[2] + wl[w0 + c * RG] * exp(wm[w0 + c * RG] - acc[1])
-            acc[3] = acc[3] + wo[w0 + c * RG, d] * exp(wm[w0 + c * RG] - acc[1])
+        merged(acc, nc, lambda c: wm[w0 + c * RG], lambda c: wl[w0 + c * RG], lambda c: wo[w0 + c * RG, d])
         out[b, r % sq, hk * G + r // sq, d] = T.Cast(dtype, acc[3] / acc[2])
 
     @T.macro
