@@ -1,6 +1,7 @@
 """Decoding steps (one query row per head, or a few, and a KV cache) on the GPU: tvmpipe's CUDA decode kernel
 (``schedules/attention_cuda_decode.py``), against the prefill kernels it replaces there (``tvmpipe-prefill``: 64-row
-query tiles for one row) and torch SDPA, on the same fp16 tensors. ONNX ``Attention`` nodes (grouped heads as they
+query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, ``tvmpipe-tc``: tensor cores; one is
+the default) and torch SDPA, on the same fp16 tensors. ONNX ``Attention`` nodes (grouped heads as they
 are) compiled here for cuda-sm90, checked against float64 and timed there.
 
     python benchmarks/attention_decode.py --build                 # here: build/gpu/decode/*.tvmpkg
@@ -40,19 +41,30 @@ def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int) -> None:
     onnx.save(model, path)
 
 
-def build() -> None:
+# other builds timed beside the default one (``tvmpipe``), by the patch each is compiled under: the prefill kernels
+# the decode kernel replaced; the decode kernel's two forms (``TENSOR_CORES``), one of them the default
+VARIANTS = {"prefill": ("fits", lambda *_: False), "simt": ("TENSOR_CORES", False), "tc": ("TENSOR_CORES", True)}
+
+
+def variant_patch(variant: str):
     from unittest import mock
 
-    from compiler import compile_model
     from schedules import attention_cuda_decode
+
+    return mock.patch.object(attention_cuda_decode, *VARIANTS[variant])
+
+
+def build() -> None:
+    from compiler import compile_model
 
     BUILD.mkdir(parents=True, exist_ok=True)
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
         manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
         print(name, manifest["kernels"], flush=True)
-        with mock.patch.object(attention_cuda_decode, "fits", lambda spec: False):  # the kernels before this one
-            compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-prefill.tvmpkg")
+        for variant in VARIANTS:
+            with variant_patch(variant):
+                compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
 
 
 def run(out: Path) -> None:
@@ -93,9 +105,10 @@ def run(out: Path) -> None:
         rec = {"case": name, "batch": b, "seq_q": s, "seq_kv": skv, "heads": h, "kv_heads": hkv, "d": d,
                "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
                "kv_bytes": 2 * b * skv * hkv * d * 2, "tvmpipe_ms": float(np.median(runner.time(x, repeat=200, warmup=20).ms))}
-        prefill = load(str(BUILD / f"{name}-prefill.tvmpkg"))
-        rec["prefill_rel_err"] = check(prefill, *case)[2]
-        rec["tvmpipe-prefill_ms"] = float(np.median(prefill.time(x, repeat=200, warmup=20).ms))
+        for variant in VARIANTS:
+            other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
+            rec[f"{variant}_rel_err"] = check(other, *case)[2]
+            rec[f"tvmpipe-{variant}_ms"] = float(np.median(other.time(x, repeat=200, warmup=20).ms))
         for impl, backend in (("torch", None), ("torch-flash", SDPBackend.FLASH_ATTENTION),
                               ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
             def sdpa(backend=backend):
@@ -109,6 +122,7 @@ def run(out: Path) -> None:
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
+        rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]  # > 1: the tensor-core form is faster
         print(json.dumps(rec), flush=True)
         records.append(rec)
     out.mkdir(parents=True, exist_ok=True)

@@ -78,10 +78,9 @@ from compiler.targets import cuda_arch
 
 from . import attention_cuda_decode
 from .attention import by_query_rows, causal_offset, kernel_signature
-from .common import LOG2E, ex2, sm_count, sm_version, warp_shuffle_xor
+from .common import LOG2E, TC_DTYPES, ex2, mma_ops, row_copier, sm_count, sm_version, warp_shuffle_xor
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
-TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.Target) -> bool:
@@ -98,11 +97,11 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
     """The fused kernel for ``spec`` (an ``AttentionSpec``): the decode kernel for few query rows per head
     (``attention_cuda_decode``), else tensor cores where they apply. A query length known only at run time (a model
     exported for prefill and decoding steps alike) gets both, chosen per call."""
-    if not attention_cuda_decode.fits(spec):
+    if not attention_cuda_decode.fits(spec, target):
         return kernel_signature(spec, prefill_body(spec, target))
     if isinstance(spec.seq_q, int):
-        return attention_cuda_decode.kernel(spec)
-    return by_query_rows(spec, attention_cuda_decode.MAX_SEQ_Q, attention_cuda_decode.body(spec),
+        return attention_cuda_decode.kernel(spec, target)
+    return by_query_rows(spec, attention_cuda_decode.MAX_SEQ_Q, attention_cuda_decode.body(spec, target),
                          prefill_body(spec, target))
 
 
@@ -279,7 +278,6 @@ def flash_mma(spec, cfg: TileConfig = TileConfig()) -> tvm.tirx.PrimFunc:
 def mma_body(spec, cfg: TileConfig):
     """The tensor-core kernel's body: a TVMScript macro ``(q, k, v, bias, out)``."""
     H, G, D, dtype = spec.heads, spec.group, spec.head_dim, spec.dtype
-    ab = TC_DTYPES[dtype]
     batch, sq, skv = spec.batch, spec.seq_q, spec.seq_kv
     has_bias, causal = spec.bias_shape is not None, spec.causal != "none"
     offset = causal_offset(sq, skv, spec.causal)
@@ -409,32 +407,8 @@ def mma_body(spec, cfg: TileConfig):
     def persistent_or(value, plain):  # (a conditional the macros evaluate in Python)
         return value if PS else plain
 
-    @T.macro
-    def load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt):
-        """cp.async ``rows`` rows src[b, row0 + r, head, :] -> smem tile at ``base``, zero past ``nrows``, by the
-        ``nt`` threads numbered ``tx``."""
-        for it in T.unroll((rows * CPR + nt - 1) // nt):
-            cid = T.meta_var(it * nt + tx)
-            # no-swizzle wgmma layout: 8 neighbouring lanes fill one 128-byte core matrix (8 rows) in one store
-            # wavefront; else they copy 128 contiguous bytes of a row
-            r = T.meta_var(cid // (8 * CPR) * 8 + cid % 8 if WG and not SW else cid // CPR)
-            col = T.meta_var(cid // 8 % CPR * 8 if WG and not SW else cid % CPR * 8)
-            if (it + 1) * nt <= rows * CPR or cid < rows * CPR:  # the last round may be partial
-                T.ptx["cp.async.cg.shared.global"](
-                    smem.ptr_to([at(base, r, col, rows)]),
-                    src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
-                    16,
-                    T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
-                )
-
-    @T.macro
-    def ldmatrix(trans, frag, frag_off, smem, smem_off):
-        T.ptx_legacy.ldmatrix(trans, 4, ".b16", frag.data, frag_off, smem.access_ptr("r"), smem_off, dtype=dtype)
-
-    @T.macro
-    def mma(a, a_off, b, b_off, c, c_off):
-        T.ptx_legacy.mma("m16n8k16", "row", "col", ab, ab, "fp32", a.data, a_off, b.data, b_off, c.data, c_off, False,
-                         dtype=f32)
+    load_rows = row_copier(CPR, at, WG and not SW)
+    ldmatrix, mma = mma_ops(dtype)
 
     @T.macro
     def load_q(qf, smem, warp, lane, mt, kk):  # A fragment rows (lane % 16), cols kk*16 + (lane / 16) * 8

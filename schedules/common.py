@@ -148,3 +148,48 @@ def sm_version(target: Target) -> int:
 def warp_shuffle_xor(value: tirx.PrimExpr, lane_mask) -> tirx.PrimExpr:
     """``value`` of the lane whose index differs from this lane's by ``lane_mask`` (XOR), all 32 lanes taking part."""
     return tvm_warp_shuffle_xor(tirx.const(0xFFFFFFFF, "uint32"), value, lane_mask, 32, 32)
+
+
+TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # tensor-core operand types, as mma.sync names them
+
+
+def mma_ops(dtype: str) -> tuple:
+    """TVMScript macros of the mma.sync attention kernels' two tensor-core steps for ``dtype`` operands:
+    ``ldmatrix(trans, frag, frag_off, smem, smem_off)`` (four 8x8 matrices) and ``mma(a, a_off, b, b_off, c, c_off)``
+    (m16n8k16, fp32 accumulators); fragment layouts in ``attention_cuda``'s docstring."""
+    ab = TC_DTYPES[dtype]
+
+    @T.macro
+    def ldmatrix(trans, frag, frag_off, smem, smem_off):
+        T.ptx_legacy.ldmatrix(trans, 4, ".b16", frag.data, frag_off, smem.access_ptr("r"), smem_off, dtype=dtype)
+
+    @T.macro
+    def mma(a, a_off, b, b_off, c, c_off):
+        T.ptx_legacy.mma("m16n8k16", "row", "col", ab, ab, "fp32", a.data, a_off, b.data, b_off, c.data, c_off, False,
+                         dtype="float32")
+
+    return ldmatrix, mma
+
+
+def row_copier(cpr: int, at: Callable, core_matrices: bool = False):
+    """TVMScript macro ``load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt)``: cp.async ``rows`` rows
+    src[b, row0 + r, head, :] of ``cpr`` 16-byte chunks into the shared tile at ``base``, element (r, col) at
+    ``at(base, r, col, rows)``, zero past row ``nrows``, by the ``nt`` threads numbered ``tx``. ``core_matrices``: 8
+    neighbouring lanes fill one 128-byte core matrix (8 rows' 16 bytes: wgmma's unswizzled layout) in one store
+    wavefront; else they copy 128 contiguous bytes of a row."""
+
+    @T.macro
+    def load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt):
+        for it in T.unroll((rows * cpr + nt - 1) // nt):
+            cid = T.meta_var(it * nt + tx)
+            r = T.meta_var(cid // (8 * cpr) * 8 + cid % 8 if core_matrices else cid // cpr)
+            col = T.meta_var(cid // 8 % cpr * 8 if core_matrices else cid % cpr * 8)
+            if (it + 1) * nt <= rows * cpr or cid < rows * cpr:  # the last round may be partial
+                T.ptx["cp.async.cg.shared.global"](
+                    smem.ptr_to([at(base, r, col, rows)]),
+                    src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
+                    16,
+                    T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
+                )
+
+    return load_rows

@@ -96,6 +96,7 @@ static inline long max(long a, long b) { return a > b ? a : b; }  // int64_t (CU
 static inline long min(long a, long b) { return a < b ? a : b; }
 static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 static inline void warp_sync() { emu_warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+static inline void __syncwarp(unsigned = 0xFFFFFFFF) { warp_sync(); }  // (full warps only)
 static inline unsigned __cvta_generic_to_shared(const void* p) { return (unsigned)((const char*)p - emu_smem); }
 static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width) {
   int t = threadIdx.x, lane = t % 32;

@@ -10,6 +10,7 @@ that are not multiples of any tile, grouped-query heads, broadcast biases.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 
@@ -355,35 +356,78 @@ def test_cuda_simt_split_for_few_ctas():
     assert simt_split(spec(tvm.tirx.Var("b", "int64"), 128)) == 1
 
 
-# decoding steps (few query rows per key/value head): the decode kernel, through the rule
+# decoding steps (few query rows per key/value head): the decode kernel, through the rule, in either form (CUDA cores;
+# tensor cores, fp16 / bf16 with head dims in k-steps of 16)
 DECODE_CASES = {
-    # 12 rows per key/value head: row blocks of 8 and 4; chunks of keys merged by the second kernel
+    # 12 rows per key/value head: row blocks of 8 and 4 (SIMT), one m16 tile (tensor cores); chunks of keys merged
+    # by the second kernel
     "fp16-d128-gqa-3-rows-padding-bottom-right": (2, 3, 150, 8, 2, 128, "float16", (2, 1, 1, 150), "BottomRight"),
     # 16 heads sharing one key/value head (two row blocks), 33 keys: one chunk, written without the merge kernel
     "bf16-d64-one-kv-head-one-chunk": (1, 1, 33, 16, 1, 64, "bfloat16", None, None),
     # 8 lanes a key row, a bias per query row; causal from the top left: the rows see 1 and 2 of 300 keys
     "fp32-d32-row-bias-top-left": (2, 2, 300, 6, 2, 32, "float32", (2, 6, 2, 300), "TopLeft"),
+    "fp16-d32-row-bias-top-left": (2, 2, 300, 6, 2, 32, "float16", (2, 6, 2, 300), "TopLeft"),
     # a key row in one lane's 16 bytes
     "fp16-d8-4-rows-bottom-right": (1, 4, 70, 2, 2, 8, "float16", None, "BottomRight"),
+    # 32 rows of one key/value head: two m16 tiles' row blocks; 64-key warp steps
+    "fp16-d16-32-rows-bottom-right": (1, 4, 200, 8, 1, 16, "float16", None, "BottomRight"),
+    # 6 k-steps a row, no split into lanes (tensor cores only)
+    "bf16-d96-key-bias": (1, 2, 1000, 4, 2, 96, "bfloat16", (1, 1, 2, 1000), None),
 }
 
 
-@pytest.mark.parametrize("case", DECODE_CASES.values(), ids=DECODE_CASES.keys())
-def test_cuda_decode_kernel_emulated(rng, case):
+def decode_forms(case) -> list[str]:
+    """The forms of the decode kernel that take ``case``: the SIMT one where its key rows split over lanes."""
+    d, dtype = case[5], case[6]
+    simt = d % (16 // np.dtype(NP[dtype]).itemsize) == 0 and d != 96
+    return ["simt"] * simt + ["tc"] * (dtype != "float32" and d % 16 == 0)
+
+
+@pytest.fixture
+def decode_form(request, monkeypatch):
+    """Builds in the decode kernel's form ``request.param``; returns the name of the CTA's block in that form."""
+    from schedules import attention_cuda_decode
+
+    monkeypatch.setattr(attention_cuda_decode, "TENSOR_CORES", request.param == "tc")
+    return "attention_decode_tc" if request.param == "tc" else "attention_decode"
+
+
+def decode_kernel(block: str, *case, sms: int | None = None):
+    """The rule's kernel for ``case`` (attention_module's arguments; planned for a GPU of ``sms`` SMs if given),
+    checked to be the decode kernel's ``block``."""
+    if sms is None:
+        func, target = cuda_kernel(attention_module(*case))
+    else:
+        from schedules.attention import AttentionSpec
+        from schedules.attention_cuda import kernel
+        from schedules.common import planning_for
+
+        canonical, target = cuda_kernel(attention_module(*case), scheduled=False)
+        with planning_for(sms):
+            func = kernel(AttentionSpec.of(canonical), target)
+    blocks = set(re.findall(r'T\.sblock\("(attention_decode\w*)"\)', func.script()))
+    assert blocks - {"attention_decode_combine"} == {block}, blocks
+    return func, target
+
+
+@pytest.mark.parametrize("case, decode_form", [(case, form) for case in DECODE_CASES.values() for form in decode_forms(case)],
+                         ids=[f"{name}-{form}" for name, case in DECODE_CASES.items() for form in decode_forms(case)],
+                         indirect=["decode_form"])
+def test_cuda_decode_kernel_emulated(rng, case, decode_form):
     b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
-    func, target = cuda_kernel(attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape, causal))
-    assert "attention_decode" in func.script()
+    func, target = decode_kernel(decode_form, *case)
     arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
     arrays["out"] = np.zeros_like(arrays["q"])
     cuda_emu.run(func, target, arrays)
     assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
 
 
-def test_cuda_decode_kernel_fully_masked_rows(rng):
+@pytest.mark.parametrize("decode_form", ["simt", "tc"], indirect=True)
+def test_cuda_decode_kernel_fully_masked_rows(rng, decode_form):
     """Row 1 masked everywhere (NaN, as the unfused graph); row 2 over its first two chunks of 128 keys, whose
     -inf maxima the merge must weigh as nothing."""
     b, sq, skv, h, d = 1, 4, 300, 2, 64
-    func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv)))
+    func, target = decode_kernel(decode_form, b, sq, skv, h, h, d, "float16", (b, h, sq, skv))
     assert "attention_decode_combine" in func.script()
     arrays = inputs(rng, b, sq, skv, h, h, d, "float16")
     arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv, full=1, part=2, upto=256).astype(np.float16)
@@ -392,6 +436,20 @@ def test_cuda_decode_kernel_fully_masked_rows(rng):
     ref = reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"])
     assert np.isnan(ref[:, 1]).all() and not np.isnan(ref[:, 2]).any()
     assert_close(arrays["out"], ref, "float16")
+
+
+@pytest.mark.parametrize("decode_form", ["simt", "tc"], indirect=True)
+def test_cuda_decode_kernel_long_chunks_rising_scores(rng, decode_form):
+    """Planned for a GPU of one SM, a CTA takes many steps of keys; scores that rise along the keys (a bias ramp) move
+    every row's running max at every step, so the output so far must be rescaled each time."""
+    b, sq, skv, h, hkv, d = 1, 1, 900, 4, 1, 64
+    func, target = decode_kernel(decode_form, b, sq, skv, h, hkv, d, "float16", (1, 1, 1, skv), sms=1)
+    assert "attention_decode_combine" in func.script()
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float16", (1, 1, 1, skv))
+    arrays["bias"] = (np.linspace(0, 20, skv) + rng.standard_normal(skv)).reshape(1, 1, 1, skv).astype(np.float16)
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}), "float16")
 
 
 def test_cuda_decode_kernel_float32_min_mask(rng):
@@ -410,9 +468,11 @@ def test_cuda_decode_kernel_float32_min_mask(rng):
     assert_close(arrays["out"], ref, "float32")
 
 
-def test_cuda_decode_kernel_where_few_rows_per_head():
+def test_cuda_decode_kernel_where_few_rows_per_head(monkeypatch):
     """Up to 4 query rows per head whose K/V rows split into 16-byte loads over a power of two of lanes take the decode
-    kernel; other shapes the prefill kernels; a query length known only at run time, both (chosen per call)."""
+    kernel; other shapes the prefill kernels; a query length known only at run time, both (chosen per call). With
+    ``TENSOR_CORES``, fp16 / bf16 head dims in k-steps of 16 up to 128 take its tensor-core form (sm_80 on)."""
+    from schedules import attention_cuda_decode
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import kernel
     from schedules.attention_cuda_decode import fits
@@ -421,18 +481,25 @@ def test_cuda_decode_kernel_where_few_rows_per_head():
         return AttentionSpec(1, sq, skv, 8, 2, d, d, dtype, 0.1, "none", None, None)
 
     n = tvm.tirx.Var("n", "int64")
-    assert all(fits(spec(sq)) for sq in (1, 2, 4, n)) and not fits(spec(5))
-    assert fits(spec(1, 256, "float32")) and fits(spec(1, 8)) and not fits(spec(1, 40)) and not fits(spec(1, 24))
-    target = targets.resolve("cuda-sm90").target
+    target, sm80, sm70 = (targets.resolve(name).target for name in ("cuda-sm90", "cuda-sm80", "cuda-sm80"))
+    sm70 = tvm.target.Target({**sm70.export(), "arch": "sm_70"})
 
-    def kernels(sq) -> set[str]:
-        script = kernel(spec(sq), target).script()
-        return {name for name, block in (("decode", "attention_decode"), ("prefill", "flash_attention")) if block in script}
+    def kernels(sq, *args, on=target) -> set[str]:
+        script = kernel(spec(sq, *args), on).script()
+        return {name for name, block in (("decode", 'sblock("attention_decode")'), ("tc", "attention_decode_tc"),
+                                         ("prefill", "flash_attention")) if block in script}
 
-    assert kernels(1) == {"decode"} and kernels(5) == {"prefill"} and kernels(n) == {"decode", "prefill"}
-    # keys in chunks over the GPU, merged by a second kernel; keys for one step of a CTA: one chunk, no merge
-    assert "attention_decode_combine" in kernel(spec(1), target).script()
-    assert "attention_decode_combine" not in kernel(spec(1, skv=30), target).script()
+    for tc in (False, True):
+        monkeypatch.setattr(attention_cuda_decode, "TENSOR_CORES", tc)
+        assert all(fits(spec(sq), target) for sq in (1, 2, 4, n)) and not fits(spec(5), target)
+        assert fits(spec(1, 256, "float32"), target) and fits(spec(1, 8), target) and not fits(spec(1, 24), target)
+        assert fits(spec(1, 96), target) == fits(spec(1, 96, "bfloat16"), sm80) == tc and not fits(spec(1, 96), sm70)
+        decode = "tc" if tc else "decode"
+        assert kernels(1) == {decode} and kernels(5) == {"prefill"} and kernels(n) == {decode, "prefill"}
+        assert kernels(1, 128, "float32") == kernels(1, 256) == kernels(1, 128, "float16", 512, on=sm70) == {"decode"}
+        # keys in chunks over the GPU, merged by a second kernel; keys for one step of a CTA: one chunk, no merge
+        assert "attention_decode_combine" in kernel(spec(1), target).script()
+        assert "attention_decode_combine" not in kernel(spec(1, skv=30), target).script()
 
 
 def test_cuda_tensor_core_fully_masked_rows(rng):
