@@ -4,7 +4,7 @@ query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, `
 the default) and torch SDPA, on the same fp16 tensors. ONNX ``Attention`` nodes (grouped heads as they
 are) compiled here for cuda-sm90, checked against float64 and timed there.
 
-    python benchmarks/attention_decode.py --build                 # here: build/gpu/decode/*.tvmpkg
+    python benchmarks/attention_decode.py --build [--variants]    # here: build/gpu/decode/*.tvmpkg
     python3 benchmarks/attention_decode.py --run --out DIR        # GPU machine -> DIR/attention-decode-<gpu>.json
 """
 
@@ -20,6 +20,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 BUILD = REPO / "build" / "gpu" / "decode"
+# timing: ROUNDS rounds over every build and torch's backends, each round starting one later (load from elsewhere on
+# the machine hits all alike), REPEAT calls a turn; a record's ms is the median of all its calls
+ROUNDS, REPEAT = 5, 40
 # name -> (batch, query rows, keys, heads, K/V heads, head dim): Llama-style grouped heads at 2048 keys (8 MB of K/V:
 # L2-resident from call to call), 32768 (134 MB) and batch 8 x 4096, and with 4 query rows (speculative decoding);
 # GPT-2-medium-style heads at batch 4
@@ -41,29 +44,29 @@ def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int) -> None:
     onnx.save(model, path)
 
 
-# other builds timed beside the default one (``tvmpipe``), by the patch each is compiled under: the prefill kernels
-# the decode kernel replaced; the decode kernel's two forms (``TENSOR_CORES``), one of them the default
-VARIANTS = {"prefill": ("fits", lambda *_: False), "simt": ("TENSOR_CORES", False), "tc": ("TENSOR_CORES", True)}
+# other builds timed beside the default one (``tvmpipe``), by the module constants each is compiled with: the prefill
+# kernels the decode kernel replaced; the decode kernel's two forms (``TENSOR_CORES``), one of them the default
+VARIANTS = {"prefill": {"fits": lambda *_: False}, "simt": {"TENSOR_CORES": False}, "tc": {"TENSOR_CORES": True}}
+# with ``--variants``, also the tensor-core form with one of its constants changed (to choose them, as
+# ``rerun/attention-decode-variants/`` chose the SIMT form's): ring steps, bytes of K per warp step, warps, CTAs per SM
+TC_VARIANTS = {f"tc-{name}": {"TENSOR_CORES": True, **patch} for name, patch in {
+    "s2": {"TC_STAGES": 2}, "s4": {"TC_STAGES": 4}, "b8k": {"TC_STEP_BYTES": 8192}, "w8": {"TC_WARPS": 8},
+    "waves4": {"WAVES": 4}}.items()}
 
 
-def variant_patch(variant: str):
+def build(variants: dict) -> None:
     from unittest import mock
 
-    from schedules import attention_cuda_decode
-
-    return mock.patch.object(attention_cuda_decode, *VARIANTS[variant])
-
-
-def build() -> None:
     from compiler import compile_model
+    from schedules import attention_cuda_decode
 
     BUILD.mkdir(parents=True, exist_ok=True)
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
         manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
         print(name, manifest["kernels"], flush=True)
-        for variant in VARIANTS:
-            with variant_patch(variant):
+        for variant, patch in variants.items():
+            with mock.patch.multiple(attention_cuda_decode, **patch):
                 compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
 
 
@@ -72,7 +75,7 @@ def run(out: Path) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.common import cuda_ms, gpu_slug
+    from benchmarks.common import cuda_ms, gpu_slug, interleaved
     from compiler.runtime import load
 
     def check(runner, b, s, skv, h, hkv, d):
@@ -104,11 +107,12 @@ def run(out: Path) -> None:
         x, (q, k, v), err = check(runner, *case)
         rec = {"case": name, "batch": b, "seq_q": s, "seq_kv": skv, "heads": h, "kv_heads": hkv, "d": d,
                "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
-               "kv_bytes": 2 * b * skv * hkv * d * 2, "tvmpipe_ms": float(np.median(runner.time(x, repeat=200, warmup=20).ms))}
-        for variant in VARIANTS:
+               "kv_bytes": 2 * b * skv * hkv * d * 2}
+        turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms}
+        for variant in [v for v in {**VARIANTS, **TC_VARIANTS} if (BUILD / f"{name}-{v}.tvmpkg").exists()]:
             other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
             rec[f"{variant}_rel_err"] = check(other, *case)[2]
-            rec[f"tvmpipe-{variant}_ms"] = float(np.median(other.time(x, repeat=200, warmup=20).ms))
+            turns[f"tvmpipe-{variant}"] = lambda r=other: r.time(x, repeat=REPEAT, warmup=5).ms
         for impl, backend in (("torch", None), ("torch-flash", SDPBackend.FLASH_ATTENTION),
                               ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)):
             def sdpa(backend=backend):
@@ -116,9 +120,13 @@ def run(out: Path) -> None:
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            rec[f"{impl}_ms"] = float(np.median(cuda_ms(sdpa, repeat=200, warmup=20)))
-        rec["torch-graph_ms"] = float(np.median(cuda_ms(graphed(lambda: F.scaled_dot_product_attention(
-            q, k, v, enable_gqa=True)), repeat=200, warmup=20)))
+            turns[impl] = lambda fn=sdpa: cuda_ms(fn, repeat=REPEAT, warmup=5)
+        replay = graphed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        turns["torch-graph"] = lambda: cuda_ms(replay, repeat=REPEAT, warmup=5)
+        names = list(turns)
+        times = interleaved(turns, ROUNDS, order=lambda i: names[i % len(names):] + names[:i % len(names)],
+                            pause=lambda: None)
+        rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
@@ -137,8 +145,9 @@ def main() -> None:
     mode.add_argument("--build", action="store_true", help="compile the packages here")
     mode.add_argument("--run", action="store_true", help="check and time them on the GPU machine")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--variants", action="store_true", help="--build: also the tensor-core form's TC_VARIANTS")
     args = ap.parse_args()
-    build() if args.build else run(args.out)
+    build({**VARIANTS, **(TC_VARIANTS if args.variants else {})}) if args.build else run(args.out)
 
 
 if __name__ == "__main__":
