@@ -103,7 +103,8 @@ def body(spec, target: tvm.target.Target):
             for dd in range(D // L):
                 for kk in T.unroll(L // 2):
                     for l in T.vectorized(L):
-                        acc0[kk, l] = acc0[kk, l] + qf[r0, dd * L + l] * spec.kv_at(k, b, j0 + u * W + kk, hk, dd * L + l)
+                        acc0[kk, l] = acc0[kk, l] + qf[r0, dd * L + l] * spec.kv_at(
+                            k, b, j0 + u * W + kk, hk, dd * L + l)
                         acc1[kk, l] = acc1[kk, l] + qf[r0 + nb - 1, dd * L + l] * spec.kv_at(
                             k, b, j0 + u * W + (L // 2 if nb == 1 else 0) + kk, hk, dd * L + l)
             sc[r0, T.Ramp(u * W, 1, L // 2)] = half(scores(acc0, acc1), 0)
@@ -144,7 +145,8 @@ def body(spec, target: tvm.target.Target):
                 for w in T.unroll(CB):
                     for rr in T.unroll(nb):
                         for l in T.vectorized(L):
-                            ob[rr, w, l] = ob[rr, w, l] + sc[r0 + rr, jj] * spec.kv_at(v, b, j0 + jj, hk, (cb * CB + w) * L + l)
+                            ob[rr, w, l] = ob[rr, w, l] + sc[r0 + rr, jj] * spec.kv_at(
+                                v, b, j0 + jj, hk, (cb * CB + w) * L + l)
             for rr in T.unroll(nb):
                 for w in T.unroll(CB):
                     for l in T.vectorized(L):

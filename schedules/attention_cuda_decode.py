@@ -204,10 +204,11 @@ class Chunks:
         return finish
 
     def launch(self, cta, name: str):
-        """The kernel's body: ``cta(q, k, v, bias, out, wm, wl, wo, c, hk, rb, b, tx)`` over the grid of (chunk, key/value
-        head x row block, batch), block ``name``, then the chunks' merge where there are several."""
+        """The kernel's body: ``cta(q, k, v, bias, out, wm, wl, wo, c, hk, rb, b, tx)`` over the grid of (chunk,
+        key/value head x row block, batch), block ``name``, then the chunks' merge where there are several."""
         spec, D, dtype, merged = self.spec, self.spec.head_dim, self.spec.dtype, self.merged()
-        HKV, G, sq, batch, RG, NRB, nc, NT = spec.kv_heads, spec.group, spec.seq_q, spec.batch, self.RG, self.NRB, self.nc, self.NT
+        HKV, G, sq, batch = spec.kv_heads, spec.group, spec.seq_q, spec.batch
+        RG, NRB, nc, NT = self.RG, self.NRB, self.nc, self.NT
         f32, below, rows = "float32", self.below, self.rows
 
         @T.macro
@@ -404,7 +405,7 @@ def tc_body(spec):
         pf = T.alloc_buffer((NS * 4,), dtype, scope="local")
         oacc = T.alloc_buffer((ND * 4,), f32, scope="local")
         st = T.alloc_buffer((2, 2), f32, scope="local")  # rows g, g + 8: running max, sum (of this lane's columns)
-        mx = T.alloc_buffer((4,), f32, scope="local")  # a row's new max, its exponents' base, rescale; merged sum, output
+        mx = T.alloc_buffer((4,), f32, scope="local")  # a row's new max, exponents' base, rescale; merged sum, output
         w, lane = T.meta_var(tx // 32), T.meta_var(tx % 32)
         g, t4 = T.meta_var(lane // 4), T.meta_var(lane % 4)
 

@@ -16,7 +16,9 @@ exporter's head-split transposes in ``SimplifyLayout``. A constant mask that is 
 anything else the ``bias`` (4-D, broadcast to ``[batch, heads, seq_q, seq_k]``). Masks whose masked value
 is finite but <= -1e4 give weights that are exactly 0 in float32 either way, so causal_mask is exact too.
 A bias that is the same for every query row but spelled out over them (transformers' exports expand the
-padding mask to ``[batch, 1, seq_q, seq_k]`` with an all-true constant) is given to the op as one row.
+padding mask to ``[batch, 1, seq_q, seq_k]`` with an all-true constant) is given to the op as one row. Grouped-query
+K and V heads that the graph repeats to Q's head count (transformers' ``repeat_kv``) are given to the op as they were
+before the repeat (``_grouped``): its kernels read each K/V head once for its group.
 """
 
 from __future__ import annotations
@@ -206,6 +208,45 @@ def _is_transpose(x: relax.Expr, axes: list[int], var2val: dict) -> bool:
             and value.attrs.axes is not None and [int(a) for a in value.attrs.axes] == axes)
 
 
+def _call(x: relax.Expr, var2val: dict, name: str) -> relax.Call | None:
+    """The ``relax.<name>`` call that computes ``x``, if one does."""
+    value = x if isinstance(x, relax.Call) else var2val.get(x)
+    ok = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == f"relax.{name}"
+    return value if ok else None
+
+
+def _repeated_heads(x: relax.Expr, var2val: dict) -> relax.Expr | None:
+    """``x0`` if ``x`` ``[b, g * r, s, d]`` is ``x0`` ``[b, g, s, d]`` with each head repeated r times in place
+    (transformers' ``repeat_kv`` for grouped-query heads: ``x0[:, :, None].expand(b, g, r, s, d).reshape(b, g * r, s,
+    d)``), so that head h of x is head h // r of x0, as the attention op reads grouped K and V heads; else None."""
+    reshape = _call(x, var2val, "reshape")
+    bcast = None if reshape is None else _call(reshape.args[0], var2val, "broadcast_to")
+    if bcast is None:
+        return None
+    unit = _call(bcast.args[0], var2val, "expand_dims")
+    unit = _call(bcast.args[0], var2val, "reshape") if unit is None else unit
+    if unit is None:
+        return None
+    x0 = unit.args[0]
+    shapes = [static_shape(e) for e in (x0, unit, bcast, x)]
+    if any(shape is None for shape in shapes) or len(shapes[0]) != 4:
+        return None
+    (b, g, s, d), r = shapes[0], shapes[2][2]
+    return x0 if (shapes[1], shapes[2], shapes[3]) == ((b, g, 1, s, d), (b, g, r, s, d), (b, g * r, s, d)) else None
+
+
+def _grouped(kt: relax.Expr, v: relax.Expr, var2val: dict) -> tuple[relax.Expr, relax.Expr] | None:
+    """K (not transposed) and V with their grouped heads as they were before the graph repeated them to Q's head
+    count (4-D, both repeated alike): the kernel reads each K and V head once for its group, not once per query head."""
+    k = _call(kt, var2val, "permute_dims")
+    if k is None or k.attrs.axes is None or [int(a) for a in k.attrs.axes] != [0, 1, 3, 2]:
+        return None
+    k0, v0 = _repeated_heads(k.args[0], var2val), _repeated_heads(v, var2val)
+    if k0 is None or v0 is None or static_shape(k0)[1] != static_shape(v0)[1]:
+        return None
+    return k0, v0
+
+
 def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr], relax.Expr | None, Callable]:
     """Q, K, V and the bias in the op's layout, and how to bring its output back to the graph's layout.
 
@@ -285,11 +326,15 @@ def _fuse(out: relax.Call, matches: dict, var2val: dict, uses) -> relax.Expr:
     if len({dtype(found.q), dtype(found.kt), dtype(v)}) != 1:  # the kernels take Q, K and V of one type
         return out
     shapes = [static_shape(e) for e in (found.q, found.kt, v, softmax.args[0])]
+    if (grouped := _grouped(kt, v, var2val)) is not None:
+        (k0, v), (b, g, sk, d) = grouped, static_shape(grouped[0])
+        kt, shapes[1:3] = relax.op.permute_dims(k0, [0, 1, 3, 2]), [(b, g, d, sk), static_shape(v)]
     if any(s is None or len(s) != rank for s in shapes) or not _fused_is_faster(dtype(v), shapes[0][-1], shapes[2][-1]):
         return out
     (*lead, sq, _), (*klead, _, sk), (*vlead, _, _) = shapes[:3]
-    # Same batch for Q, K, V; K/V heads equal to Q's or one head shared by all (multi-query).
-    if shapes[3] != (*lead, sq, sk) or klead != vlead or klead[0] != lead[0] or klead[1:] not in ([], lead[1:], [1]):
+    # Same batch for Q, K, V; K/V heads equal to Q's, or grouped: a divisor of them (one: multi-query).
+    if shapes[3] != (*lead, sq, sk) or klead != vlead or klead[0] != lead[0] or len(klead) != len(lead) or (
+            rank == 4 and lead[1] % klead[1]):
         return out
     bias, bshape, causal = _bias(found, sq, sk, dtype(out), var2val)
     if bias is not None and (not bshape or bshape[-1] != sk):  # a scalar or a per-query bias: spell out its keys
