@@ -187,12 +187,13 @@ def test_attention_recognised(capsys, tmp_path, rng, layout, sk, op, causal):
     assert (f'causal_mask="{causal}"' if causal else "causal_mask=None") in fused
 
 
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, interleaved):
-    """A decoding step of grouped-query heads as transformers exports it: new keys concatenated to the K/V cache (also
-    returned), each K/V head repeated to its group of query heads (Llama's ``repeat_kv``: Unsqueeze, Expand, Reshape).
-    One attention kernel reads the grouped heads as they are, and no repeated copy is made; repeated the other way
-    round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays."""
+@pytest.mark.parametrize("form", ["repeat_kv", "dynamo_sdpa", "interleaved"])
+def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
+    """A decoding step of grouped-query heads: new keys concatenated to the K/V cache (also returned), each K/V head
+    repeated to its group of query heads, as transformers writes it (Llama's ``repeat_kv``: Unsqueeze, Expand,
+    Reshape) or PyTorch's dynamo exporter writes SDPA's ``enable_gqa`` (a scalar Unsqueeze axis; Kᵀ through a 3-D
+    transpose). One attention kernel reads the grouped heads as they are, and no repeated copy is made; repeated the
+    other way round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays."""
     b, s, past, h, g, d = 2, 3, 11, 6, 2, 8
     keys, e, r = past + s, h * d, h // g
     gr = blocks.Graph()
@@ -201,20 +202,26 @@ def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, interleave
     def heads(t, n):  # [b, s, n * d] -> [b, n, s, d]
         return gr.n("Transpose", [gr.n("Reshape", [t, gr.c(np.array([b, s, n, d]))])], perm=[0, 2, 1, 3])
 
-    def cached(name):  # (the cache with the new keys, repeated to the query heads)
+    def cached(name, shape):  # (the cache with the new keys, repeated to the query heads, reshaped to ``shape``)
         full = gr.n("Concat", [gr.input(f"past_{name}", [b, g, past, d]), heads(gr.linear(x, e, g * d), g)], axis=2)
-        axis, shape = (1, [b, r, g, keys, d]) if interleaved else (2, [b, g, r, keys, d])
-        rep = gr.n("Expand", [gr.n("Unsqueeze", [full, gr.c(np.array([axis]))]), gr.c(np.array(shape))])
-        return full, gr.n("Reshape", [rep, gr.c(np.array([b, h, keys, d]))])
+        axis, expanded = (1, [b, r, g, keys, d]) if form == "interleaved" else (2, [b, g, r, keys, d])
+        unit = gr.n("Unsqueeze", [full, gr.c(np.array(axis if form == "dynamo_sdpa" else [axis]))])
+        return full, gr.n("Reshape", [gr.n("Expand", [unit, gr.c(np.array(expanded))]), gr.c(np.array(shape))])
 
-    (k_full, k), (v_full, v) = cached("k"), cached("v")
-    scores = gr.n("MatMul", [heads(gr.linear(x, e, e), h), gr.n("Transpose", [k], perm=[0, 1, 3, 2])])
-    p = gr.n("Softmax", [gr.n("Add", [gr.n("Div", [scores, gr.c(np.float32(np.sqrt(d)))]), bias])], axis=-1)
+    if form == "dynamo_sdpa":
+        k_full, k = cached("k", [b * h, keys, d])
+        kt = gr.n("Reshape", [gr.n("Transpose", [k], perm=[0, 2, 1]), gr.c(np.array([b, h, d, keys]))])
+    else:
+        k_full, k = cached("k", [b, h, keys, d])
+        kt = gr.n("Transpose", [k], perm=[0, 1, 3, 2])
+    v_full, v = cached("v", [b, h, keys, d])
+    scores = gr.n("Div", [gr.n("MatMul", [heads(gr.linear(x, e, e), h), kt]), gr.c(np.float32(np.sqrt(d)))])
+    p = gr.n("Softmax", [gr.n("Add", [scores, bias])], axis=-1)
     o = gr.n("Reshape", [gr.n("Transpose", [gr.n("MatMul", [p, v])], perm=[0, 2, 1, 3]), gr.c(np.array([b, s, e]))])
     ks = check(capsys, tmp_path, gr.model([gr.linear(o, e, e), k_full, v_full]), rng)
     ops = [op for k in ks for op in k["ops"]]
     assert ops.count("relax.nn.attention_bias") == 1 and "relax.nn.softmax" not in ops, ks
-    assert ("relax.broadcast_to" in ops) == interleaved, ks
+    assert ("relax.broadcast_to" in ops) == (form == "interleaved"), ks
 
 
 @pytest.mark.parametrize("bias_shape", [[], [1], [2, 1, 5, 1]])

@@ -1,7 +1,7 @@
 """Pad, CenterCropPad, Split, OneHot, AffineGrid, Col2Im and MaxUnpool from gathers, scatters, slices
 and comparisons: the upstream converters fail on forms the ONNX node tests use (Pad's run-time
 constant_value at opset 25, zero-size splits, OneHot's bound depth, AffineGrid's bound size, MaxUnpool's
-output_shape; CenterCropPad and Col2Im have none). Shape-deciding inputs are
+output_shape; CenterCropPad and Col2Im have none). Unsqueeze: upstream's, given its one-axis ``axes`` as a list. Shape-deciding inputs are
 constants here (``support.CONSTANT_INPUTS``), so every index map is computed once in numpy and the graph
 only gathers and selects: exact for any dtype.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend as upstream
 
 from .converters_math import dtype_of
 from .converters_nn import rank, shape
@@ -191,6 +192,18 @@ def max_unpool(bb, inputs, attrs, params) -> relax.Expr:
     return _pad(bb, y, widths, "constant", relax.const(0, dtype_of(x)))
 
 
+class Unsqueeze(upstream.Unsqueeze):
+    """``axes`` may be a scalar: PyTorch's dynamo exporter writes one axis so (grouped-query SDPA's head repeat),
+    onnxruntime takes it, and the upstream converter iterates it ("'int' object is not iterable")."""
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        axes = _values(inputs[1])
+        if axes is not None and axes.ndim == 0:
+            inputs = [inputs[0], relax.const(axes.reshape(1))]
+        return super()._impl_v13(bb, inputs, attr, params)
+
+
 for _name, _conv in {"Pad": pad, "CenterCropPad": center_crop_pad, "Split": split, "OneHot": one_hot,
-                     "AffineGrid": affine_grid, "Col2Im": col2im, "MaxUnpool": max_unpool}.items():
+                     "AffineGrid": affine_grid, "Col2Im": col2im, "MaxUnpool": max_unpool, "Unsqueeze": Unsqueeze}.items():
     register_converter("", _name, _conv, override=True)

@@ -202,12 +202,6 @@ def _bias(found: _Scores, sq: int, sk: int, dt: str,
     return bias, shape, causal or None
 
 
-def _is_transpose(x: relax.Expr, axes: list[int], var2val: dict) -> bool:
-    value = x if isinstance(x, relax.Call) else var2val.get(x)
-    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.permute_dims"
-            and value.attrs.axes is not None and [int(a) for a in value.attrs.axes] == axes)
-
-
 def _call(x: relax.Expr, var2val: dict, name: str) -> relax.Call | None:
     """The ``relax.<name>`` call that computes ``x``, if one does."""
     value = x if isinstance(x, relax.Call) else var2val.get(x)
@@ -215,10 +209,16 @@ def _call(x: relax.Expr, var2val: dict, name: str) -> relax.Call | None:
     return value if ok else None
 
 
+def _is_transpose(x: relax.Expr, axes: list[int], var2val: dict) -> bool:
+    value = _call(x, var2val, "permute_dims")
+    return value is not None and value.attrs.axes is not None and [int(a) for a in value.attrs.axes] == axes
+
+
 def _repeated_heads(x: relax.Expr, var2val: dict) -> relax.Expr | None:
-    """``x0`` if ``x`` ``[b, g * r, s, d]`` is ``x0`` ``[b, g, s, d]`` with each head repeated r times in place
-    (transformers' ``repeat_kv`` for grouped-query heads: ``x0[:, :, None].expand(b, g, r, s, d).reshape(b, g * r, s,
-    d)``), so that head h of x is head h // r of x0, as the attention op reads grouped K and V heads; else None."""
+    """``x0`` if ``x`` (``[b, g * r, s, d]``, or merged ``[b * g * r, s, d]``) is ``x0`` ``[b, g, s, d]`` with each
+    head repeated r times in place (transformers' ``repeat_kv`` for grouped-query heads: ``x0[:, :, None].expand(b, g,
+    r, s, d).reshape(b, g * r, s, d)``; PyTorch's SDPA with ``enable_gqa``), so that head h of x is head h // r of x0,
+    as the attention op reads grouped K and V heads; else None."""
     reshape = _call(x, var2val, "reshape")
     bcast = None if reshape is None else _call(reshape.args[0], var2val, "broadcast_to")
     if bcast is None:
@@ -232,19 +232,32 @@ def _repeated_heads(x: relax.Expr, var2val: dict) -> relax.Expr | None:
     if any(shape is None for shape in shapes) or len(shapes[0]) != 4:
         return None
     (b, g, s, d), r = shapes[0], shapes[2][2]
-    return x0 if (shapes[1], shapes[2], shapes[3]) == ((b, g, 1, s, d), (b, g, r, s, d), (b, g * r, s, d)) else None
+    return x0 if shapes[1:3] == [(b, g, 1, s, d), (b, g, r, s, d)] and shapes[3] in ((b, g * r, s, d),
+                                                                                      (b * g * r, s, d)) else None
+
+
+def _transposed(kt: relax.Expr, var2val: dict) -> relax.Expr | None:
+    """K if ``kt`` is K's last two axes swapped: ``permute_dims(K, [0, 1, 3, 2])``, or (PyTorch's dynamo exports)
+    ``reshape(permute_dims(K, [0, 2, 1]), [b, h, d, s])`` of K merged to ``[b * h, s, d]`` (the caller checks the
+    shapes)."""
+    if _is_transpose(kt, [0, 1, 3, 2], var2val):
+        return _call(kt, var2val, "permute_dims").args[0]
+    merged = _call(kt, var2val, "reshape")
+    if merged is None or not _is_transpose(merged.args[0], [0, 2, 1], var2val):
+        return None
+    return _call(merged.args[0], var2val, "permute_dims").args[0]
 
 
 def _grouped(kt: relax.Expr, v: relax.Expr, var2val: dict) -> tuple[relax.Expr, relax.Expr] | None:
     """K (not transposed) and V with their grouped heads as they were before the graph repeated them to Q's head
     count (4-D, both repeated alike): the kernel reads each K and V head once for its group, not once per query head."""
-    k = _call(kt, var2val, "permute_dims")
-    if k is None or k.attrs.axes is None or [int(a) for a in k.attrs.axes] != [0, 1, 3, 2]:
+    k = _transposed(kt, var2val)
+    k0, v0 = (None, None) if k is None else (_repeated_heads(k, var2val), _repeated_heads(v, var2val))
+    if k0 is None or v0 is None:
         return None
-    k0, v0 = _repeated_heads(k.args[0], var2val), _repeated_heads(v, var2val)
-    if k0 is None or v0 is None or static_shape(k0)[1] != static_shape(v0)[1]:
-        return None
-    return k0, v0
+    (b, g, s, d), vshape = static_shape(k0), static_shape(v)
+    heads = vshape[1] if len(vshape) == 4 else None
+    return (k0, v0) if static_shape(v0)[1] == g and static_shape(kt) == (b, heads, d, s) else None
 
 
 def _to_bsnh(q, kt, v, bias, bshape, shapes, var2val) -> tuple[list[relax.Expr], relax.Expr | None, Callable]:
