@@ -1,9 +1,9 @@
 """Pad, CenterCropPad, Split, OneHot, AffineGrid, Col2Im and MaxUnpool from gathers, scatters, slices
 and comparisons: the upstream converters fail on forms the ONNX node tests use (Pad's run-time
 constant_value at opset 25, zero-size splits, OneHot's bound depth, AffineGrid's bound size, MaxUnpool's
-output_shape; CenterCropPad and Col2Im have none). Unsqueeze: upstream's, given its one-axis ``axes`` as a list. Shape-deciding inputs are
-constants here (``support.CONSTANT_INPUTS``), so every index map is computed once in numpy and the graph
-only gathers and selects: exact for any dtype.
+output_shape; CenterCropPad and Col2Im have none); Unsqueeze is upstream's, given a scalar ``axes`` as a list.
+Shape-deciding inputs are constants here (``support.CONSTANT_INPUTS``), so every index map is computed once in numpy
+and the graph only gathers and selects: exact for any dtype.
 """
 
 from __future__ import annotations
@@ -205,5 +205,6 @@ class Unsqueeze(upstream.Unsqueeze):
 
 
 for _name, _conv in {"Pad": pad, "CenterCropPad": center_crop_pad, "Split": split, "OneHot": one_hot,
-                     "AffineGrid": affine_grid, "Col2Im": col2im, "MaxUnpool": max_unpool, "Unsqueeze": Unsqueeze}.items():
+                     "AffineGrid": affine_grid, "Col2Im": col2im, "MaxUnpool": max_unpool,
+                     "Unsqueeze": Unsqueeze}.items():
     register_converter("", _name, _conv, override=True)
