@@ -19,6 +19,8 @@ with ``scale = 1/sqrt(head_dim)`` unless given, ``g = heads / kv_heads`` (groupe
 ``bias`` broadcast over any of its first three axes, and a causal mask keeping ``j <= i + offset``
 (``offset = 0`` for "TopLeft", ``|seq_q - seq_kv|`` for "BottomRight", as TVM defines it). A row
 whose every score is ``-inf`` (fully masked by the bias) comes out NaN, as the unfused softmax gives.
+On the CPU, K and V that the graph transposes from a KV cache's [batch, heads, seq, dim] are given to the canonical
+function as they are (``kv_layout = "BHSD"``, ``_cache_sources``), and the kernels read them in place.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from compiler.errors import TvmpipeError
 tvm_ffi.register_error(TvmpipeError)
 
 KERNEL_ATTR = "tvmpipe.kernel"
+KV_LAYOUT_ATTR = "tvmpipe.attention.kv_layout"  # "BHSD": K and V as a KV cache holds them (absent: "BSNH")
 _OPAQUE = 8  # relax OpPatternKind::kOpaque: FuseOps never fuses the call with its neighbours
 
 
@@ -53,6 +56,16 @@ def causal_offset(seq_q, seq_kv, causal: str):
     if isinstance(seq_q, int) and isinstance(seq_kv, int):
         return abs(seq_q - seq_kv)
     return tirx.max(seq_q - seq_kv, seq_kv - seq_q)
+
+
+def kv_index(layout: str, b, key, hk, d) -> tuple:
+    """Index of element (key, d) of key/value head hk in K or V laid out as ``layout``."""
+    return (b, key, hk, d) if layout == "BSNH" else (b, hk, key, d)
+
+
+def kv_shape(layout: str, batch, seq, heads, dim) -> tuple:
+    """K's or V's shape in ``layout``."""
+    return kv_index(layout, batch, seq, heads, dim)
 
 
 def broadcast_index(shape, b, h, i) -> list:
@@ -76,6 +89,7 @@ class AttentionSpec:
     causal: str  # "none", "TopLeft" or "BottomRight"
     bias_shape: tuple | None  # the bias buffer's shape (4-D, broadcastable) or None
     bias_dtype: str | None
+    kv_layout: str = "BSNH"  # K and V as [batch, seq, heads, dim], or "BHSD" (a KV cache's [batch, heads, seq, dim])
 
     @property
     def group(self) -> int:
@@ -96,7 +110,7 @@ class AttentionSpec:
 
     def kv_at(self, x, b, key, hk, d):
         """Element (key, d) of K or V ``x`` for key/value head hk in fp32; keys past the end are clamped."""
-        return x[b, tirx.min(key, self.seq_kv - 1), hk, d].astype("float32")
+        return x[kv_index(self.kv_layout, b, tirx.min(key, self.seq_kv - 1), hk, d)].astype("float32")
 
     @staticmethod
     def of(func: tirx.PrimFunc) -> AttentionSpec | None:
@@ -105,25 +119,29 @@ class AttentionSpec:
             return None
         q, k, v = func.params[:3]
         bias = func.params[3] if len(func.params) == 5 else None
+        layout = str(attrs.get(KV_LAYOUT_ATTR, "BSNH"))
+        seq_axis = 1 if layout == "BSNH" else 2
         return AttentionSpec(
-            batch=static(q.shape[0]), seq_q=static(q.shape[1]), seq_kv=static(k.shape[1]), heads=int(q.shape[2]),
-            kv_heads=int(k.shape[2]), head_dim=int(q.shape[3]), head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
+            batch=static(q.shape[0]), seq_q=static(q.shape[1]), seq_kv=static(k.shape[seq_axis]), heads=int(q.shape[2]),
+            kv_heads=int(k.shape[3 - seq_axis]), head_dim=int(q.shape[3]), head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
             scale=float(attrs["tvmpipe.attention.scale"]), causal=str(attrs["tvmpipe.attention.causal"]),
             bias_shape=tuple(static(n) for n in bias.shape) if bias is not None else None,
-            bias_dtype=str(bias.dtype) if bias is not None else None,
+            bias_dtype=str(bias.dtype) if bias is not None else None, kv_layout=layout,
         )
 
 
-def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None, scale: float, causal: str):
+def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None, scale: float, causal: str,
+               layout: str):
     """The definition, in TE, with fp32 scores: what the fused kernels must reproduce."""
     batch, seq_q, heads, head_dim = q.shape
-    _, seq_kv, kv_heads, head_dim_v = v.shape
+    _, seq_kv, kv_heads, head_dim_v = kv_index(layout, *v.shape)  # (the index permutation is its own inverse)
     group = int(heads) // int(kv_heads)
     f32 = "float32"
     d = te.reduce_axis((0, head_dim), "d")
     score = te.compute(
         (batch, heads, seq_q, seq_kv),
-        lambda b, h, i, j: te.sum(q[b, i, h, d].astype(f32) * k[b, j, h // group, d].astype(f32), axis=d),
+        lambda b, h, i, j: te.sum(q[b, i, h, d].astype(f32) * k[kv_index(layout, b, j, h // group, d)].astype(f32),
+                                  axis=d),
         name="score",
     )
 
@@ -144,33 +162,33 @@ def _canonical(q: te.Tensor, k: te.Tensor, v: te.Tensor, bias: te.Tensor | None,
     jj = te.reduce_axis((0, seq_kv), "j")
     acc = te.compute(
         (batch, seq_q, heads, head_dim_v),
-        lambda b, i, h, c: te.sum(e[b, h, i, jj] * v[b, jj, h // group, c].astype(f32), axis=jj),
+        lambda b, i, h, c: te.sum(e[b, h, i, jj] * v[kv_index(layout, b, jj, h // group, c)].astype(f32), axis=jj),
         name="acc",
     )
     return te.compute(acc.shape, lambda b, i, h, c: (acc[b, i, h, c] / row_sum[b, h, i]).astype(q.dtype), name="out")
 
 
-def canonical_attention(q, k, v, bias, scale: float, causal: str) -> tirx.PrimFunc:
-    """The canonical PrimFunc for these argument tensors (te placeholders), marked for the rule."""
-    out = _canonical(q, k, v, bias, scale, causal)
+def canonical_attention(q, k, v, bias, scale: float, causal: str, layout: str = "BSNH") -> tirx.PrimFunc:
+    """The canonical PrimFunc for these argument tensors (te placeholders; K and V in ``layout``), marked for the
+    rule."""
+    out = _canonical(q, k, v, bias, scale, causal, layout)
     args = [q, k, v] + ([bias] if bias is not None else []) + [out]
-    return te.create_prim_func(args).with_attrs(
-        {KERNEL_ATTR: "attention", "tvmpipe.attention.scale": scale, "tvmpipe.attention.causal": causal,
-         "op_pattern": _OPAQUE}
-    )
+    attrs = {KERNEL_ATTR: "attention", "tvmpipe.attention.scale": scale, "tvmpipe.attention.causal": causal,
+             "op_pattern": _OPAQUE}
+    return te.create_prim_func(args).with_attrs(attrs if layout == "BSNH" else {**attrs, KV_LAYOUT_ATTR: layout})
 
 
 def kernel_signature(spec, body) -> tirx.PrimFunc:
     """Wrap TVMScript macro ``body(q, k, v, bias, out)`` in a PrimFunc with the canonical function's signature."""
     H, HKV, D, DV, dtype = spec.heads, spec.kv_heads, spec.head_dim, spec.head_dim_v, spec.dtype
-    batch, sq, skv, bias_shape = spec.batch, spec.seq_q, spec.seq_kv, spec.bias_shape
+    batch, sq, skv, bias_shape, layout = spec.batch, spec.seq_q, spec.seq_kv, spec.bias_shape, spec.kv_layout
     if bias_shape is not None:
 
         @T.prim_func(private=True, s_tir=True)
         def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
             q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            k = T.match_buffer(k_h, kv_shape(layout, batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, kv_shape(layout, batch, skv, HKV, DV), dtype)
             bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
             out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
             body(q, k, v, bias, out)
@@ -180,8 +198,8 @@ def kernel_signature(spec, body) -> tirx.PrimFunc:
         @T.prim_func(private=True, s_tir=True)
         def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
             q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, (batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, (batch, skv, HKV, DV), dtype)
+            k = T.match_buffer(k_h, kv_shape(layout, batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, kv_shape(layout, batch, skv, HKV, DV), dtype)
             out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
             body(q, k, v, None, out)
 
@@ -217,11 +235,39 @@ def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         raise TvmpipeError(f"attention: {heads} query heads cannot share {kv_heads} key/value heads")
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(head_dim)
     causal = str(attrs.causal_mask) if attrs.causal_mask is not None else "none"
+    layout, cache = "BSNH", _cache_sources(bb, args[1], args[2])
+    if cache is not None:  # K and V read where the KV cache holds them: their transposes go dead
+        layout, args[1:3], sinfo[1:3] = "BHSD", cache, [x.ty for x in cache]
     placeholders = [te.placeholder(s.shape.values, s.dtype, name) for s, name in zip(sinfo, "qkvb")]
-    func = canonical_attention(*placeholders[:3], placeholders[3] if len(args) == 4 else None, scale, causal)
+    func = canonical_attention(*placeholders[:3], placeholders[3] if len(args) == 4 else None, scale, causal, layout)
     gvar = bb.add_func(func, "attention")
     out = relax.TensorType([*q_shape[:3], v_shape[3]], sinfo[0].dtype)
     return relax.call_tir(gvar, args, out)
+
+
+def _cache_sources(bb: relax.BlockBuilder, k: relax.Expr, v: relax.Expr) -> list[relax.Expr] | None:
+    """The [batch, heads, seq, dim] tensors that K and V were transposed from (both, each by a kernel that does only
+    that: a legalised ``permute_dims(x, [0, 2, 1, 3])``), where the target's kernels read that layout (the CPU ones,
+    through ``AttentionSpec.kv_at``); else None. A KV cache is held so (transformers), and transposing it every
+    decoding step cost twice what the kernel spends reading it."""
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "llvm":
+        return None
+    sources = []
+    for x in (k, v):
+        call = bb.lookup_binding(x) if isinstance(x, relax.Var) else None
+        if not (isinstance(call, relax.Call) and call.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+                and len(call.args[1].fields) == 1):
+            return None
+        source = call.args[1].fields[0]
+        if not isinstance(source.ty, relax.TensorType) or source.ty.ndim != 4:
+            return None
+        a = te.placeholder(source.ty.shape.values, source.ty.dtype, "x")
+        swap = te.create_prim_func([a, topi.transpose(a, [0, 2, 1, 3])])
+        if not tvm_ffi.structural_equal(bb.get()[call.args[0]].body, swap.body, map_free_vars=True):
+            return None
+        sources.append(source)
+    return sources
 
 
 class Attention(ScheduleRule):

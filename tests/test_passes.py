@@ -193,7 +193,8 @@ def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
     repeated to its group of query heads, as transformers writes it (Llama's ``repeat_kv``: Unsqueeze, Expand,
     Reshape) or PyTorch's dynamo exporter writes SDPA's ``enable_gqa`` (a scalar Unsqueeze axis; Kᵀ through a 3-D
     transpose). One attention kernel reads the grouped heads as they are, and no repeated copy is made; repeated the
-    other way round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays."""
+    other way round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays. The
+    kernel reads K and V in the cache's [batch, heads, seq, dim], so they are not transposed to its layout either."""
     b, s, past, h, g, d = 2, 3, 11, 6, 2, 8
     keys, e, r = past + s, h * d, h // g
     gr = blocks.Graph()
@@ -222,6 +223,8 @@ def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
     ops = [op for k in ks for op in k["ops"]]
     assert ops.count("relax.nn.attention_bias") == 1 and "relax.nn.softmax" not in ops, ks
     assert ("relax.broadcast_to" in ops) == (form == "interleaved"), ks
+    # the kernel reads K and V where the cache holds them ([b, heads, seq, dim]): no transposed copy either
+    assert form == "interleaved" or not any(k["ops"] == ["relax.permute_dims"] for k in ks), ks
 
 
 @pytest.mark.parametrize("bias_shape", [[], [1], [2, 1, 5, 1]])

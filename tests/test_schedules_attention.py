@@ -718,6 +718,26 @@ def test_cpu_decode_kernel_either_vector_width(rng, mcpu, isa):
     assert_close(out.numpy(), reference(**arrays, causal="BottomRight", scale=0.2), "float32")
 
 
+@pytest.mark.parametrize("sq, bias", [(3, False), (37, True)])
+def test_cpu_kernels_read_kv_cache_layout(rng, sq, bias):
+    """K and V in a KV cache's [batch, heads, seq, dim] (``kv_layout="BHSD"``): the decode kernel (3 rows) and the
+    main one (37, with a per-row bias) read them in place, against float64."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cpu_decode import cpu_kernel
+
+    b, skv, h, hkv, d = 2, 300, 4, 2, 16
+    bias_shape = (b, 1, sq, skv) if bias else None
+    spec = AttentionSpec(b, sq, skv, h, hkv, d, d, "float32", 0.25, "BottomRight", bias_shape,
+                         "float32" if bias else None, kv_layout="BHSD")
+    target = targets.resolve("cpu").target
+    lib = tvm.compile(tvm.IRModule({"main": cpu_kernel(spec, target).with_attr("global_symbol", "main")}), target)
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float32", bias_shape)
+    cache = {n: np.ascontiguousarray(arrays[n].transpose(0, 2, 1, 3)) for n in "kv"}
+    out = tvm.runtime.empty((b, sq, h, d), "float32")
+    lib["main"](*[tvm.runtime.tensor(cache.get(n, a)) for n, a in arrays.items()], out)
+    assert_close(out.numpy(), reference(**arrays, causal="BottomRight", scale=0.25), "float32")
+
+
 def test_cpu_decode_kernel_where_few_rows_per_head():
     """Up to 8 query rows per head with head dims in whole vectors take the decode kernel (at 8 rows it measured
     1.1-1.4x the main kernel, at 12 0.7-1.1x); other shapes the main one; a query length known only at run time, both."""
