@@ -59,13 +59,8 @@ def causal_offset(seq_q, seq_kv, causal: str):
 
 
 def kv_index(layout: str, b, key, hk, d) -> tuple:
-    """Index of element (key, d) of key/value head hk in K or V laid out as ``layout``."""
+    """Index of element (key, d) of key/value head hk in K or V laid out as ``layout`` (of extents: their shape)."""
     return (b, key, hk, d) if layout == "BSNH" else (b, hk, key, d)
-
-
-def kv_shape(layout: str, batch, seq, heads, dim) -> tuple:
-    """K's or V's shape in ``layout``."""
-    return kv_index(layout, batch, seq, heads, dim)
 
 
 def broadcast_index(shape, b, h, i) -> list:
@@ -122,8 +117,9 @@ class AttentionSpec:
         layout = str(attrs.get(KV_LAYOUT_ATTR, "BSNH"))
         seq_axis = 1 if layout == "BSNH" else 2
         return AttentionSpec(
-            batch=static(q.shape[0]), seq_q=static(q.shape[1]), seq_kv=static(k.shape[seq_axis]), heads=int(q.shape[2]),
-            kv_heads=int(k.shape[3 - seq_axis]), head_dim=int(q.shape[3]), head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
+            batch=static(q.shape[0]), seq_q=static(q.shape[1]), seq_kv=static(k.shape[seq_axis]),
+            heads=int(q.shape[2]), kv_heads=int(k.shape[3 - seq_axis]), head_dim=int(q.shape[3]),
+            head_dim_v=int(v.shape[3]), dtype=str(q.dtype),
             scale=float(attrs["tvmpipe.attention.scale"]), causal=str(attrs["tvmpipe.attention.causal"]),
             bias_shape=tuple(static(n) for n in bias.shape) if bias is not None else None,
             bias_dtype=str(bias.dtype) if bias is not None else None, kv_layout=layout,
@@ -187,8 +183,8 @@ def kernel_signature(spec, body) -> tirx.PrimFunc:
         @T.prim_func(private=True, s_tir=True)
         def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, b_h: T.handle, o_h: T.handle):
             q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, kv_shape(layout, batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, kv_shape(layout, batch, skv, HKV, DV), dtype)
+            k = T.match_buffer(k_h, kv_index(layout, batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, kv_index(layout, batch, skv, HKV, DV), dtype)
             bias = T.match_buffer(b_h, bias_shape, spec.bias_dtype)
             out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
             body(q, k, v, bias, out)
@@ -198,8 +194,8 @@ def kernel_signature(spec, body) -> tirx.PrimFunc:
         @T.prim_func(private=True, s_tir=True)
         def attention(q_h: T.handle, k_h: T.handle, v_h: T.handle, o_h: T.handle):
             q = T.match_buffer(q_h, (batch, sq, H, D), dtype)
-            k = T.match_buffer(k_h, kv_shape(layout, batch, skv, HKV, D), dtype)
-            v = T.match_buffer(v_h, kv_shape(layout, batch, skv, HKV, DV), dtype)
+            k = T.match_buffer(k_h, kv_index(layout, batch, skv, HKV, D), dtype)
+            v = T.match_buffer(v_h, kv_index(layout, batch, skv, HKV, DV), dtype)
             out = T.match_buffer(o_h, (batch, sq, H, DV), dtype)
             body(q, k, v, None, out)
 
