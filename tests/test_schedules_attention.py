@@ -379,10 +379,19 @@ DECODE_CASES = {
 
 
 def decode_forms(case) -> list[str]:
-    """The forms of the decode kernel that take ``case``: the SIMT one where its key rows split over lanes."""
-    d, dtype = case[5], case[6]
-    simt = d % (16 // np.dtype(NP[dtype]).itemsize) == 0 and d != 96
-    return ["simt"] * simt + ["tc"] * (dtype != "float32" and d % 16 == 0)
+    """The forms of the decode kernel that take ``case`` on sm_90: the SIMT one where its key rows split over lanes
+    (``fits`` with ``TENSOR_CORES`` off), the tensor-core one where ``tensor_cores`` allows."""
+    from unittest import mock
+
+    from schedules import attention_cuda_decode
+    from schedules.attention import AttentionSpec
+
+    b, sq, skv, h, hkv, d, dtype = case[:7]
+    spec = AttentionSpec(b, sq, skv, h, hkv, d, d, dtype, 1.0, "none", None, None)
+    target = targets.resolve("cuda-sm90").target
+    with mock.patch.object(attention_cuda_decode, "TENSOR_CORES", False):
+        simt = attention_cuda_decode.fits(spec, target)
+    return ["simt"] * simt + ["tc"] * attention_cuda_decode.tensor_cores(spec, target)
 
 
 @pytest.fixture
