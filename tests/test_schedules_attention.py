@@ -492,8 +492,8 @@ def test_cuda_decode_kernel_where_few_rows_per_head(monkeypatch):
         return AttentionSpec(1, sq, skv, 8, 2, d, d, dtype, 0.1, "none", None, None)
 
     n = tvm.tirx.Var("n", "int64")
-    target, sm80, sm70 = (targets.resolve(name).target for name in ("cuda-sm90", "cuda-sm80", "cuda-sm80"))
-    sm70 = tvm.target.Target({**sm70.export(), "arch": "sm_70"})
+    target, sm80 = (targets.resolve(name).target for name in ("cuda-sm90", "cuda-sm80"))
+    sm70 = tvm.target.Target({**sm80.export(), "arch": "sm_70"})
 
     def kernels(sq, *args, on=target) -> set[str]:
         script = kernel(spec(sq, *args), on).script()
