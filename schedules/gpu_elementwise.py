@@ -9,7 +9,8 @@ output's innermost axis is split into vectors of ``LANES`` (fewer where the axis
 type the kernel computes in, require: no tail) and the vectors spread over blocks of ``THREADS`` threads.
 TVM's codegen makes a load a vector one where its index is provably a multiple of the lanes (the elementwise
 chains, split columns, the head dimension of a transpose) and gathers it element by element where not.
-Kernels over floating-point buffers only (see ``_float_buffer``).
+Kernels over floating-point buffers only (see ``_float_buffer``), and no selects (a concatenation, padding: the
+CPU rule partitions their loops, which this one does not).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .common import largest_divisor
-from .cpu_elementwise import inline_to_outputs, static_size
+from .cpu_elementwise import calls, inline_to_outputs, static_size
 
 THREADS = 256
 VECTOR_BYTES = 16
@@ -39,7 +40,8 @@ class GpuElementwise(ScheduleRule):
     """Kernels made only of spatial (injective) blocks of static shape, on CUDA."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda" or not all(map(_float_buffer, func.params)):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda" or not all(map(_float_buffer, func.params)) \
+                or calls(func, {"if_then_else"}):
             return None
         found = inline_to_outputs(tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"])
         if found is None:

@@ -206,6 +206,89 @@ def test_split_outputs_each_get_a_vector_loop(capsys, tmp_path, rng):
     assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
 
 
+def _concat_graph(case: str, rng) -> tuple[list, list, list, dict, dict]:
+    """(nodes, inputs, outputs, initializers, feeds) of an ONNX graph around a Concat."""
+    if case.startswith("kv-cache"):  # a decoding step's new key, reshaped to heads and appended to the cache
+        h, past, d = (3, 701, 20) if case == "kv-cache-few-heads" else (8, 129, 24)
+        nodes = [helper.make_node("Reshape", ["new", "heads"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]),
+                 helper.make_node("Concat", ["past", "t"], ["y"], axis=2)]
+        inputs = [("new", F, [1, 1, h * d]), ("past", F, [1, h, past, d])]
+        return nodes, inputs, [("y", F, [1, h, past + 1, d])], {"heads": np.array([1, 1, h, d], np.int64)}, \
+            {"new": rng.standard_normal((1, 1, h * d)).astype(np.float32),
+             "past": rng.standard_normal((1, h, past, d)).astype(np.float32)}
+    if case.startswith("rope"):  # Llama's rotate_half: x * cos + cat(-x2, x1) * sin, back to [b, s, h, d]
+        s_, h, d = (301, 5, 14) if case == "rope-odd" else (40, 4, 64)
+        nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1, 3]),
+                 helper.make_node("Split", ["xt"], ["x1", "x2"], axis=3, num_outputs=2),
+                 helper.make_node("Neg", ["x2"], ["n2"]), helper.make_node("Concat", ["n2", "x1"], ["rot"], axis=3),
+                 helper.make_node("Mul", ["xt", "cos"], ["a"]), helper.make_node("Mul", ["rot", "sin"], ["b"]),
+                 helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Transpose", ["sum"], ["y"], perm=[0, 2, 1, 3])]
+        angle = rng.uniform(0, 6.3, (1, 1, s_, d)).astype(np.float32)
+        return nodes, [("x", F, [1, s_, h, d])], [("y", F, [1, s_, h, d])], {"cos": np.cos(angle), "sin": np.sin(angle)}, \
+            {"x": rng.standard_normal((1, s_, h, d)).astype(np.float32)}
+    if case == "three-then-reshape":  # the concatenated axis merged into the next: selects on j // 7
+        nodes = [helper.make_node("Concat", ["a", "b", "c"], ["cat"], axis=1), helper.make_node("Reshape", ["cat", "flat"], ["y"])]
+        shapes = {"a": (3, 5, 7), "b": (3, 2, 7), "c": (3, 1, 7)}
+        return nodes, [(n, F, list(v)) for n, v in shapes.items()], [("y", F, [3, 56])], {"flat": np.array([3, 56], np.int64)}, \
+            {n: rng.standard_normal(v).astype(np.float32) for n, v in shapes.items()}
+    assert case == "last-axis-then-reshape"  # the concatenated axis merged into the one before: selects on j % 8
+    nodes = [helper.make_node("Concat", ["a", "b"], ["cat"], axis=2), helper.make_node("Reshape", ["cat", "flat"], ["y"])]
+    return nodes, [("a", F, [2, 9, 4]), ("b", F, [2, 9, 4])], [("y", F, [2, 72])], {"flat": np.array([2, 72], np.int64)}, \
+        {n: rng.standard_normal((2, 9, 4)).astype(np.float32) for n in "ab"}
+
+
+CONCATS = ["kv-cache-few-heads", "kv-cache", "rope-odd", "rope", "three-then-reshape", "last-axis-then-reshape"]
+
+
+@pytest.mark.parametrize("case", CONCATS)
+def test_concatenations_are_parallel_copies(capsys, tmp_path, rng, case):
+    """Concatenations (a KV cache's append, rotary embeddings' rotate_half, one seen through a reshape) compile to
+    one vectorised kernel: the loop their selects test split at the boundaries. Inlined into one select-per-element
+    loop, LLVM miscompiled a rotary embedding on znver4/5."""
+    nodes, inputs, outputs, inits, feeds = _concat_graph(case, rng)
+    ours, ref = compile_and_compare(capsys, tmp_path, make_model(nodes, inputs, outputs, inits, opset=18), feeds)
+    assert rel_err(ours["y"], ref["y"]) < 1e-6
+    assert set(_kernels(tmp_path).values()) == {"hand:CpuElementwise"}
+
+
+def _copies_between_buffers(func) -> int:
+    """How many selects of ``func`` (lowered) still choose between loads."""
+    from schedules.common import count_nodes
+
+    def chooses(call) -> bool:
+        return isinstance(call.op, tvm.ir.Op) and call.op.name.endswith("if_then_else") and any(
+            count_nodes(arg, tvm.ir.expr.TensorLoad) for arg in call.args[1:])
+
+    return count_nodes(func.body, tvm.ir.expr.Call, chooses)
+
+
+def test_concatenation_selects_are_decided_per_part():
+    """The scheduled kernels lower without a select between inputs (each part of the split loop reads one);
+    TVM's default lowering of the same kernels keeps one per element. Padding on one axis is a concatenation
+    with a constant; on two axes it is refused (the default lowering keeps it)."""
+    from tvm import te, topi
+
+    from compiler import targets
+    from schedules.cpu_elementwise import CpuElementwise, _cut_points
+
+    target = targets.resolve("cpu").target
+    past, new = te.placeholder((1, 3, 33, 8), name="past"), te.placeholder((1, 1, 24), name="new")
+    kv = topi.concatenate([past, topi.transpose(topi.reshape(new, (1, 1, 3, 8)), (0, 2, 1, 3))], 2)
+    x = te.placeholder((2, 6, 16), name="x")
+    rot = topi.concatenate([topi.negative(topi.strided_slice(x, [0, 0, 8], [2, 6, 16])), topi.strided_slice(x, [0, 0, 0], [2, 6, 8])], 2)
+    lowered = lambda f: tvm.tirx.get_default_tir_pipeline(target)[0](  # noqa: E731
+        tvm.tirx.transform.BindTarget(target.with_host(target))(tvm.IRModule({"main": f.with_attr("global_symbol", "main")})))["main"]
+    for args in ([past, new, kv], [x, topi.reshape(rot, (2, 96))], [x, topi.nn.pad(x, [0, 0, 2], [0, 0, 1])]):
+        func = te.create_prim_func(args)
+        assert _copies_between_buffers(lowered(func)) > 0  # the check sees the unscheduled kernel's select
+        assert _copies_between_buffers(lowered(CpuElementwise().apply(func, target, False).mod["main"])) == 0
+    assert CpuElementwise().apply(te.create_prim_func([x, topi.nn.pad(x, [0, 1, 2], [0, 1, 0])]), target, False) is None
+    v, m = tvm.tirx.Var("v", "int32"), tvm.tirx.Var("m", "int32")
+    assert _cut_points([tvm.tirx.all(5 < v, v <= 9), tvm.tirx.EQ(v, 12)]) == (v, None, {6, 10, 12, 13})
+    assert _cut_points([tvm.tirx.GE(tvm.tirx.floordiv(v, 7), 2), tvm.tirx.LT(tvm.tirx.floormod(v, 8), 4)]) is None
+    assert _cut_points([tvm.tirx.LT(v, m)]) is None
+
+
 def test_row_reduction_rule_leaves_matmuls_alone():
     """A matmul reduces over K too, but reads B[k, j] down a column: not a row reduction (the GEMM rule's
     kernel, and float64 ones stay tunable); a row sum over the last axis is one."""

@@ -1,11 +1,13 @@
 """A Llama-style decoding step's attention block with a KV cache, as transformers writes it (grouped K/V heads
 repeated to the query heads by ``repeat_kv``: unsqueeze, expand, reshape; eager attention with an additive mask; the
 cache in [batch, heads, seq, dim], the new key concatenated and returned), exported by torch.onnx, compiled for this
-CPU by tvmpipe with and without FuseAttention seeing through the repeat (``_grouped``), and run by onnxruntime; each
+CPU by tvmpipe, again without FuseAttention seeing through the repeat (``_grouped``), again with the cache's
+concatenation left to TVM's default lowering (no ``cpu_elementwise._partition``), and run by onnxruntime; each
 checked against onnxruntime, timed in interleaved rounds (10 calls a turn), and profiled per kernel:
 
     python benchmarks/results/rerun/attention-kv-cache-step/step.py    # -> step.json beside this file
 """
+import contextlib
 import json
 import os
 import sys
@@ -20,6 +22,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import compiler.passes.attention as fuse  # noqa: E402
+import schedules.cpu_elementwise as elementwise  # noqa: E402
 from benchmarks.common import interleaved  # noqa: E402
 from compiler import compile_model, load, targets  # noqa: E402
 from compiler.compare import OrtSession  # noqa: E402
@@ -58,8 +61,10 @@ def main() -> None:
         torch.onnx.export(Step().eval(), args, str(path), input_names=["x", "mask", "past_k", "past_v"],
                           output_names=["y", "present_k", "present_v"], opset_version=17, dynamo=False)
         runners = {}
-        for impl, grouped in (("tvmpipe", fuse._grouped), ("tvmpipe-repeated", lambda *_: None)):
-            with mock.patch.object(fuse, "_grouped", grouped):
+        variants = {"tvmpipe": contextlib.nullcontext(), "tvmpipe-repeated": mock.patch.object(fuse, "_grouped", lambda *_: None),
+                    "tvmpipe-concat-default": mock.patch.object(elementwise, "_partition", lambda *_: False)}
+        for impl, patch in variants.items():
+            with patch:
                 compile_model(path, "cpu", Path(tmp) / f"{impl}.tvmpkg")
             runners[impl] = load(str(Path(tmp) / f"{impl}.tvmpkg"))
         x = runners["tvmpipe"].random_inputs(0)
