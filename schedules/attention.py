@@ -105,7 +105,11 @@ class AttentionSpec:
 
     def kv_at(self, x, b, key, hk, d):
         """Element (key, d) of K or V ``x`` for key/value head hk in fp32; keys past the end are clamped."""
-        return x[kv_index(self.kv_layout, b, tirx.min(key, self.seq_kv - 1), hk, d)].astype("float32")
+        return x[self.kv_element(b, tirx.min(key, self.seq_kv - 1), hk, d)].astype("float32")
+
+    def kv_element(self, b, key, hk, d) -> list:
+        """K's or V's index of element (key, d) of key/value head hk (a kernel's copy takes its address)."""
+        return list(kv_index(self.kv_layout, b, key, hk, d))
 
     @staticmethod
     def of(func: tirx.PrimFunc) -> AttentionSpec | None:
@@ -231,11 +235,14 @@ def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         raise TvmpipeError(f"attention: {heads} query heads cannot share {kv_heads} key/value heads")
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(head_dim)
     causal = str(attrs.causal_mask) if attrs.causal_mask is not None else "none"
-    layout, cache = "BSNH", _cache_sources(bb, args[1], args[2])
-    if cache is not None:  # K and V read where the KV cache holds them: their transposes go dead
-        layout, args[1:3], sinfo[1:3] = "BHSD", cache, [x.ty for x in cache]
-    placeholders = [te.placeholder(s.shape.values, s.dtype, name) for s, name in zip(sinfo, "qkvb")]
-    func = canonical_attention(*placeholders[:3], placeholders[3] if len(args) == 4 else None, scale, causal, layout)
+
+    def canonical(tensors: list, layout: str) -> tirx.PrimFunc:
+        placeholders = [te.placeholder(x.ty.shape.values, x.ty.dtype, name) for x, name in zip(tensors, "qkvb")]
+        return canonical_attention(*placeholders[:3], placeholders[3] if len(args) == 4 else None, scale, causal, layout)
+
+    func, cache = canonical(args, "BSNH"), _cache_sources(bb, args[1], args[2])
+    if cache is not None and _reads_in_place(in_place := canonical([args[0], *cache, *args[3:]], "BHSD")):
+        func, args[1:3] = in_place, cache  # K and V read where the KV cache holds them: their transposes go dead
     gvar = bb.add_func(func, "attention")
     out = relax.TensorType([*q_shape[:3], v_shape[3]], sinfo[0].dtype)
     return relax.call_tir(gvar, args, out)
@@ -243,12 +250,8 @@ def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def _cache_sources(bb: relax.BlockBuilder, k: relax.Expr, v: relax.Expr) -> list[relax.Expr] | None:
     """The [batch, heads, seq, dim] tensors that K and V were transposed from (both, each by a kernel that does only
-    that: a legalised ``permute_dims(x, [0, 2, 1, 3])``), where the target's kernels read that layout (the CPU ones,
-    through ``AttentionSpec.kv_at``); else None. A KV cache is held so (transformers), and transposing it every
-    decoding step cost twice what the kernel spends reading it."""
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None or target.kind.name != "llvm":
-        return None
+    that: a legalised ``permute_dims(x, [0, 2, 1, 3])``); else None. A KV cache is held so (transformers), and
+    transposing it every decoding step cost twice what the kernel spends reading it."""
     sources = []
     for x in (k, v):
         call = bb.lookup_binding(x) if isinstance(x, relax.Var) else None
@@ -264,6 +267,19 @@ def _cache_sources(bb: relax.BlockBuilder, k: relax.Expr, v: relax.Expr) -> list
             return None
         sources.append(source)
     return sources
+
+
+def _reads_in_place(func: tirx.PrimFunc) -> bool:
+    """Whether the target's kernel for ``func`` (K and V in a KV cache's layout) reads them so: the CPU kernels
+    (through ``AttentionSpec.kv_at``) and the CUDA decode kernel (``kv_element``), for a query length known here."""
+    target, spec = tvm.target.Target.current(allow_none=True), AttentionSpec.of(func)
+    if target is None or spec is None:
+        return False
+    if target.kind.name == "cuda":
+        from . import attention_cuda_decode
+
+        return isinstance(spec.seq_q, int) and attention_cuda_decode.fits(spec, target)
+    return target.kind.name == "llvm"
 
 
 class Attention(ScheduleRule):

@@ -107,6 +107,7 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
 
 def prefill_body(spec, target: tvm.target.Target):
     """The body of the kernel for many query rows per head: tensor cores where they apply, else SIMT."""
+    assert spec.kv_layout == "BSNH", "K and V as [batch, seq, heads, dim] (attention._reads_in_place)"
     if tensor_cores(spec.dtype, spec.head_dim, spec.head_dim_v, target):
         return mma_body(spec, choose(spec, has_wgmma(target)))
     return simt_body(spec, simt_split(spec))

@@ -272,9 +272,9 @@ def simt_body(spec):
             for u in T.unroll(U):
                 for nv in T.unroll(NVL):
                     T.ptx["cp.async.cg.shared.global"](ks.ptr_to([i % STAGES, u, nv, tx, 0]), k.ptr_to(
-                        [b, key_of(c, i, u, tx // LPK), hk, col(tx % LPK, nv, 0)]), 16, T.uint32(16))
+                        spec.kv_element(b, key_of(c, i, u, tx // LPK), hk, col(tx % LPK, nv, 0))), 16, T.uint32(16))
                     T.ptx["cp.async.cg.shared.global"](vs.ptr_to([i % STAGES, u, nv, tx, 0]), v.ptr_to(
-                        [b, key_of(c, i, u, tx // LPK), hk, col(tx % LPK, nv, 0)]), 16, T.uint32(16))
+                        spec.kv_element(b, key_of(c, i, u, tx // LPK), hk, col(tx % LPK, nv, 0))), 16, T.uint32(16))
         T.ptx.cp.async_.commit_group()
 
     @T.macro
@@ -370,7 +370,7 @@ def tc_body(spec):
     DP = D + 8  # a K/V row in shared memory, padded by 16 bytes: ldmatrix free of bank conflicts
     TILE = BN * DP  # elements of a warp's step of K (or V)
     KD, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
-    load_rows = row_copier(D // 8, lambda base, r, col, rows: base + r * DP + col)
+    load_rows = row_copier(D // 8, lambda base, r, col, rows: base + r * DP + col, index=spec.kv_element)
     ldmatrix, mma = mma_ops(dtype)
     f32, neg_inf, skv = "float32", T.float32("-inf"), spec.seq_kv
 

@@ -171,12 +171,13 @@ def mma_ops(dtype: str) -> tuple:
     return ldmatrix, mma
 
 
-def row_copier(cpr: int, at: Callable, core_matrices: bool = False):
+def row_copier(cpr: int, at: Callable, core_matrices: bool = False, index: Callable = lambda *i: list(i)):
     """TVMScript macro ``load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt)``: cp.async ``rows`` rows
     src[b, row0 + r, head, :] of ``cpr`` 16-byte chunks into the shared tile at ``base``, element (r, col) at
     ``at(base, r, col, rows)``, zero past row ``nrows``, by the ``nt`` threads numbered ``tx``. ``core_matrices``: 8
     neighbouring lanes fill one 128-byte core matrix (8 rows' 16 bytes: wgmma's unswizzled layout) in one store
-    wavefront; else they copy 128 contiguous bytes of a row."""
+    wavefront; else they copy 128 contiguous bytes of a row. ``index(b, row, head, col)``: src's index of that element
+    (another layout: a KV cache's [batch, heads, seq, dim])."""
 
     @T.macro
     def load_rows(smem, base, src, b, row0, nrows, head, rows, tx, nt):
@@ -187,7 +188,7 @@ def row_copier(cpr: int, at: Callable, core_matrices: bool = False):
             if (it + 1) * nt <= rows * cpr or cid < rows * cpr:  # the last round may be partial
                 T.ptx["cp.async.cg.shared.global"](
                     smem.ptr_to([at(base, r, col, rows)]),
-                    src.ptr_to([b, T.min(row0 + r, nrows - 1), head, col]),
+                    src.ptr_to(index(b, T.min(row0 + r, nrows - 1), head, col)),
                     16,
                     T.Cast("uint32", T.if_then_else(row0 + r < nrows, 16, 0)),
                 )

@@ -2,6 +2,7 @@
 inspect --json``) and the numbers vs onnxruntime on random inputs."""
 
 import json
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -187,15 +188,11 @@ def test_attention_recognised(capsys, tmp_path, rng, layout, sk, op, causal):
     assert (f'causal_mask="{causal}"' if causal else "causal_mask=None") in fused
 
 
-@pytest.mark.parametrize("form", ["repeat_kv", "dynamo_sdpa", "interleaved"])
-def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
-    """A decoding step of grouped-query heads: new keys concatenated to the K/V cache (also returned), each K/V head
-    repeated to its group of query heads, as transformers writes it (Llama's ``repeat_kv``: Unsqueeze, Expand,
-    Reshape) or PyTorch's dynamo exporter writes SDPA's ``enable_gqa`` (a scalar Unsqueeze axis; Kᵀ through a 3-D
-    transpose). One attention kernel reads the grouped heads as they are, and no repeated copy is made; repeated the
-    other way round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays. The
-    kernel reads K and V in the cache's [batch, heads, seq, dim], so they are not transposed to its layout either."""
-    b, s, past, h, g, d = 2, 3, 11, 6, 2, 8
+def kv_cache_step(form: str, s: int = 3, d: int = 8):
+    """A decoding step of grouped-query heads (``s`` new tokens): new keys concatenated to the K/V cache (also returned),
+    each K/V head repeated to its group of query heads as transformers writes it (``repeat_kv``), as PyTorch's dynamo
+    exporter writes SDPA's ``enable_gqa`` (``dynamo_sdpa``), or the other way round (``interleaved``)."""
+    b, past, h, g = 2, 11, 6, 2
     keys, e, r = past + s, h * d, h // g
     gr = blocks.Graph()
     x, bias = gr.input("x", [b, s, e]), gr.input("bias", [b, 1, s, keys])
@@ -219,12 +216,39 @@ def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
     scores = gr.n("Div", [gr.n("MatMul", [heads(gr.linear(x, e, e), h), kt]), gr.c(np.float32(np.sqrt(d)))])
     p = gr.n("Softmax", [gr.n("Add", [scores, bias])], axis=-1)
     o = gr.n("Reshape", [gr.n("Transpose", [gr.n("MatMul", [p, v])], perm=[0, 2, 1, 3]), gr.c(np.array([b, s, e]))])
-    ks = check(capsys, tmp_path, gr.model([gr.linear(o, e, e), k_full, v_full]), rng)
+    return gr.model([gr.linear(o, e, e), k_full, v_full])
+
+
+@pytest.mark.parametrize("form", ["repeat_kv", "dynamo_sdpa", "interleaved"])
+def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
+    """One attention kernel reads a decoding step's grouped heads as they are, and no repeated copy is made; repeated
+    the other way round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays.
+    The kernel reads K and V in the cache's [batch, heads, seq, dim], so they are not transposed to its layout either."""
+    ks = check(capsys, tmp_path, kv_cache_step(form), rng)
     ops = [op for k in ks for op in k["ops"]]
     assert ops.count("relax.nn.attention_bias") == 1 and "relax.nn.softmax" not in ops, ks
     assert ("relax.broadcast_to" in ops) == (form == "interleaved"), ks
     # the kernel reads K and V where the cache holds them ([b, heads, seq, dim]): no transposed copy either
     assert form == "interleaved" or not any(k["ops"] == ["relax.permute_dims"] for k in ks), ks
+
+
+@pytest.mark.parametrize("s, layout", [(3, "BHSD"), (40, "BSNH")])
+def test_cuda_decode_kernel_reads_kv_cache_in_place(tmp_path, s, layout):
+    """For CUDA, a float16 decoding step's K and V reach the decode kernel as the cache holds them (no transposed
+    copy); with 40 new tokens the prefill kernel takes them, in its own layout (transposed)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from compiler import pipeline
+    from schedules.attention import KV_LAYOUT_ATTR
+
+    model = convert_float_to_float16(kv_cache_step("repeat_kv", s, d=32), keep_io_types=False)
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90")
+    (attention,) = [f for g, f in prep.mod.functions.items() if prep.hand.get(g.name_hint) == "Attention"]
+    assert str(attention.attrs.get(KV_LAYOUT_ATTR, "BSNH")) == layout
+    transposes = {g.name_hint for g, f in prep.mod.functions.items()
+                  if f.attrs is not None and list(f.attrs.get("tvmpipe.ops", [])) == ["relax.permute_dims"]}
+    calls = [f for f in re.findall(r"R\.call_tir\((\w+),", prep.mod["main"].script()) if f in transposes]
+    assert len(calls) == (2 if layout == "BSNH" else 0), calls
 
 
 @pytest.mark.parametrize("bias_shape", [[], [1], [2, 1, 5, 1]])

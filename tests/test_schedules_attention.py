@@ -463,6 +463,29 @@ def test_cuda_decode_kernel_long_chunks_rising_scores(rng, decode_form):
     assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}), "float16")
 
 
+@pytest.mark.parametrize("decode_form", ["simt", "tc"], indirect=True)
+def test_cuda_decode_kernel_reads_kv_cache_layout(rng, decode_form):
+    """K and V in a KV cache's [batch, heads, seq, dim] (``kv_layout="BHSD"``, as the legalisation hands a decoding
+    step's CUDA kernel a cache it would otherwise transpose): both forms read them in place, against float64 (3 rows
+    of 4 query heads per K/V head, a padding bias, bottom-right causal, chunks merged)."""
+    from schedules.attention import AttentionSpec
+    from schedules.attention_cuda import kernel
+    from schedules.common import planning_for
+
+    b, sq, skv, h, hkv, d = 2, 3, 300, 8, 2, 64
+    spec = AttentionSpec(b, sq, skv, h, hkv, d, d, "float16", 0.1, "BottomRight", (b, 1, 1, skv), "float16",
+                         kv_layout="BHSD")
+    target = targets.resolve("cuda-sm90").target
+    with planning_for(132):
+        func = kernel(spec, target)
+    assert f'T.sblock("{decode_form}")' in func.script() and "attention_decode_combine" in func.script()
+    arrays = inputs(rng, b, sq, skv, h, hkv, d, "float16", (b, 1, 1, skv))
+    ref = reference(**arrays, causal="BottomRight", scale=0.1)
+    arrays.update({n: np.ascontiguousarray(arrays[n].transpose(0, 2, 1, 3)) for n in "kv"}, out=np.zeros_like(arrays["q"]))
+    cuda_emu.run(func, target, arrays)
+    assert_close(arrays["out"], ref, "float16")
+
+
 def test_cuda_decode_kernel_float32_min_mask(rng):
     """A float32 mask of -FLT_MAX, as exported: a head masked so over every key gets what the unfused graph gives (its
     scores vanish in the mask: the mean of V), not NaN; one masked over its first 200 keys sees the other 100."""
