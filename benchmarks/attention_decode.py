@@ -4,6 +4,10 @@ query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, `
 the default) and torch SDPA, on the same fp16 tensors. ONNX ``Attention`` nodes (grouped heads as they
 are) compiled here for cuda-sm90, checked against float64 and timed there.
 
+Whole steps with the cache (``STEP_CASES``): the node also takes ``past_key`` / ``past_value`` ([batch, heads, seq,
+dim]) and returns them with the new keys appended; the kernel reads them in place (``tvmpipe``) or after the
+transposes to its own layout that this replaced (``tvmpipe-transposed``), against torch's ``cat`` + SDPA.
+
     python benchmarks/attention_decode.py --build [--variants]    # here: build/gpu/decode/*.tvmpkg
     python3 benchmarks/attention_decode.py --run --out DIR        # GPU machine -> DIR/attention-decode-<gpu>.json
 """
@@ -30,15 +34,25 @@ CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "gqa_32k": (1, 1, 32768, 32, 8, 128), 
          "gqa_b8_rows4": (8, 4, 4096, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64)}
 
 
-def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int) -> None:
-    """An ONNX model of one ``Attention`` node (opset 23), fp16."""
+# name -> (batch, new rows, cached keys, heads, K/V heads, head dim): a Llama-style step at 2048 keys, and batch 8 x 4096
+STEP_CASES = {"gqa_step": (1, 1, 2047, 32, 8, 128), "gqa_b8_step": (8, 1, 4095, 32, 8, 128)}
+STEP_VARIANTS = {"transposed": {"_reads_in_place": lambda *_: False}}  # patches of schedules.attention
+
+
+def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int = 0) -> None:
+    """An ONNX model of one ``Attention`` node (opset 23), fp16; with ``past`` cached keys, a step with the cache."""
     import onnx
     from onnx import TensorProto, helper
 
-    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=h, kv_num_heads=hkv)
-    shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
-    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, shape) for n, shape in shapes.items()]
-    model = helper.make_model(helper.make_graph([node], "decode", io[:-1], io[-1:]),
+    shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d)}
+    outputs = {"y": (b, s, h * d)}
+    if past:
+        shapes.update(past_key=(b, hkv, past, d), past_value=(b, hkv, past, d))
+        outputs.update(present_key=(b, hkv, past + skv, d), present_value=(b, hkv, past + skv, d))
+    inputs = ["q", "k", "v", *(["", "past_key", "past_value"] if past else [])]
+    node = helper.make_node("Attention", inputs, list(outputs), q_num_heads=h, kv_num_heads=hkv)
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, shape) for n, shape in {**shapes, **outputs}.items()]
+    model = helper.make_model(helper.make_graph([node], "decode", io[:len(shapes)], io[len(shapes):]),
                               opset_imports=[helper.make_opsetid("", 23)])
     model.ir_version = 10
     onnx.save(model, path)
@@ -58,16 +72,23 @@ def build(variants: dict) -> None:
     from unittest import mock
 
     from compiler import compile_model
-    from schedules import attention_cuda_decode
+    from schedules import attention, attention_cuda_decode
+
+    def compile_all(name: str, module, patches: dict) -> None:
+        """The default package of ``name``'s model and one per variant (``module``'s constants patched)."""
+        manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
+        print(name, manifest["kernels"], flush=True)
+        for variant, patch in patches.items():
+            with mock.patch.multiple(module, **patch):
+                compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
 
     BUILD.mkdir(parents=True, exist_ok=True)
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
-        manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
-        print(name, manifest["kernels"], flush=True)
-        for variant, patch in variants.items():
-            with mock.patch.multiple(attention_cuda_decode, **patch):
-                compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
+        compile_all(name, attention_cuda_decode, variants)
+    for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
+        attention_model(BUILD / f"{name}.onnx", b, s, s, h, hkv, d, past)
+        compile_all(name, attention, STEP_VARIANTS)
 
 
 def run(out: Path) -> None:
@@ -131,6 +152,42 @@ def run(out: Path) -> None:
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
         rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]  # > 1: the tensor-core form is faster
+        print(json.dumps(rec), flush=True)
+        records.append(rec)
+    for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
+        rng = np.random.default_rng(0)
+        x = {"q": rng.standard_normal((b, s, h * d)), "k": rng.standard_normal((b, s, hkv * d)),
+             "v": rng.standard_normal((b, s, hkv * d)), "past_key": rng.standard_normal((b, hkv, past, d)),
+             "past_value": rng.standard_normal((b, hkv, past, d))}
+        x = {n: a.astype(np.float16) for n, a in x.items()}
+        t = {n: torch.from_numpy(a).cuda() for n, a in x.items()}
+        q = t["q"].view(b, s, h, d).transpose(1, 2)
+
+        def step(dtype=torch.float16):  # torch: the cache's cat, then SDPA
+            k, v = (torch.cat([t[f"past_{c}"], t[c[0]].view(b, s, hkv, d).transpose(1, 2)], 2).to(dtype)
+                    for c in ("key", "value"))
+            return F.scaled_dot_product_attention(q.to(dtype), k, v, enable_gqa=True), k, v
+
+        ref_y, ref_k, _ = (r.cpu().numpy() for r in step(torch.float64))
+        ref_y = ref_y.transpose(0, 2, 1, 3).reshape(b, s, h * d)
+        rec = {"case": name, "batch": b, "seq_q": s, "cached": past, "heads": h, "kv_heads": hkv, "d": d,
+               "dtype": "float16", "device": torch.cuda.get_device_name(0)}
+        turns = {"torch": lambda: cuda_ms(step, repeat=REPEAT, warmup=5)}
+        replay = graphed(step)
+        turns["torch-graph"] = lambda: cuda_ms(replay, repeat=REPEAT, warmup=5)
+        for impl in ["tvmpipe", *(f"tvmpipe-{v}" for v in STEP_VARIANTS)]:
+            runner = load(str(BUILD / f"{name}{impl[len('tvmpipe'):]}.tvmpkg"))
+            got = runner(**x)
+            rec[f"{impl}_rel_err"] = float(np.linalg.norm(got["y"] - ref_y) / np.linalg.norm(ref_y))
+            rec[f"{impl}_cache_exact"] = bool(np.array_equal(got["present_key"], ref_k.astype(np.float16)))
+            rec[f"{impl}_kernels"] = [{"kernel": k.name, "ms": k.ms, "calls": k.calls} for k in runner.profile(x)]
+            turns[impl] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms
+        names = list(turns)
+        times = interleaved(turns, ROUNDS, order=lambda i: names[i % len(names):] + names[:i % len(names)],
+                            pause=lambda: None)
+        rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
+        rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]
+        rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
         print(json.dumps(rec), flush=True)
         records.append(rec)
     out.mkdir(parents=True, exist_ok=True)
