@@ -6,7 +6,8 @@ are) compiled here for cuda-sm90, checked against float64 and timed there.
 
 Whole steps with the cache (``STEP_CASES``): the node also takes ``past_key`` / ``past_value`` ([batch, heads, seq,
 dim]) and returns them with the new keys appended; the kernel reads them in place (``tvmpipe``) or after the
-transposes to its own layout that this replaced (``tvmpipe-transposed``), against torch's ``cat`` + SDPA.
+transposes to its own layout that this replaced (``tvmpipe-transposed``); the append on ``gpu_elementwise``'s vectors
+or DLight's default (``tvmpipe-concat-dlight``); against torch's ``cat`` + SDPA.
 
     python benchmarks/attention_decode.py --build [--variants]    # here: build/gpu/decode/*.tvmpkg
     python3 benchmarks/attention_decode.py --run --out DIR        # GPU machine -> DIR/attention-decode-<gpu>.json
@@ -36,7 +37,10 @@ CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "gqa_32k": (1, 1, 32768, 32, 8, 128), 
 
 # name -> (batch, new rows, cached keys, heads, K/V heads, head dim): a Llama-style step at 2048 keys, and batch 8 x 4096
 STEP_CASES = {"gqa_step": (1, 1, 2047, 32, 8, 128), "gqa_b8_step": (8, 1, 4095, 32, 8, 128)}
-STEP_VARIANTS = {"transposed": {"_reads_in_place": lambda *_: False}}  # patches of schedules.attention
+# module (of schedules) -> its patched constants: the cache transposed to the kernel's layout first; its append on
+# DLight's default schedule (a select per element: gpu_elementwise took none before)
+STEP_VARIANTS = {"transposed": ("attention", {"_reads_in_place": lambda *_: False}),
+                 "concat-dlight": ("gpu_elementwise", {"_uses": lambda *_: True})}
 
 
 def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int = 0) -> None:
@@ -71,24 +75,26 @@ TC_VARIANTS = {f"tc-{name}": {"TENSOR_CORES": True, **patch} for name, patch in 
 def build(variants: dict) -> None:
     from unittest import mock
 
-    from compiler import compile_model
-    from schedules import attention, attention_cuda_decode
+    import importlib
 
-    def compile_all(name: str, module, patches: dict) -> None:
-        """The default package of ``name``'s model and one per variant (``module``'s constants patched)."""
+    from compiler import compile_model
+
+    def compile_all(name: str, patches: dict) -> None:
+        """The default package of ``name``'s model and one per variant (``patches``: variant -> (module of schedules,
+        its constants patched))."""
         manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
         print(name, manifest["kernels"], flush=True)
-        for variant, patch in patches.items():
-            with mock.patch.multiple(module, **patch):
+        for variant, (module, patch) in patches.items():
+            with mock.patch.multiple(importlib.import_module(f"schedules.{module}"), **patch):
                 compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
 
     BUILD.mkdir(parents=True, exist_ok=True)
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
-        compile_all(name, attention_cuda_decode, variants)
+        compile_all(name, {variant: ("attention_cuda_decode", patch) for variant, patch in variants.items()})
     for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
         attention_model(BUILD / f"{name}.onnx", b, s, s, h, hkv, d, past)
-        compile_all(name, attention, STEP_VARIANTS)
+        compile_all(name, STEP_VARIANTS)
 
 
 def run(out: Path) -> None:
@@ -187,6 +193,7 @@ def run(out: Path) -> None:
                             pause=lambda: None)
         rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
         rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]
+        rec["concat-dlight_vs_tvmpipe"] = rec["tvmpipe-concat-dlight_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
         print(json.dumps(rec), flush=True)
         records.append(rec)

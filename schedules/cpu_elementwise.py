@@ -214,14 +214,18 @@ def _cut_points(conditions: list) -> tuple[tirx.Var | None, int | None, set[int]
     return var, modulus, points
 
 
+def selects(sch: s_tir.Schedule, block) -> list:
+    """The conditions of ``block``'s selects in terms of its loops' variables."""
+    binding = dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
+    return [tvm_ffi.structural_map(c, [(tirx.Var, lambda v: binding.get(v, v))]) for c in _selects(sch.get(block).body)]
+
+
 def _decided(sch: s_tir.Schedule, block) -> bool:
     """Whether every select of ``block`` is constant over its loops' ranges (the lowering then folds it away)."""
     analyzer = Analyzer()
     for lp in sch.get_loops(block):
         analyzer.bind(sch.get(lp).loop_var, ir.Range.from_min_extent(sch.get(lp).min, sch.get(lp).extent))
-    binding = dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
-    substitute = lambda e: tvm_ffi.structural_map(e, [(tirx.Var, lambda v: binding.get(v, v))])  # noqa: E731
-    return all(isinstance(analyzer.simplify(substitute(c)), tirx.IntImm) for c in _selects(sch.get(block).body))
+    return all(isinstance(analyzer.simplify(c), tirx.IntImm) for c in selects(sch, block))
 
 
 def _gathers(func: tirx.PrimFunc) -> bool:

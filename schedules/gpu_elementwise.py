@@ -9,8 +9,9 @@ output's innermost axis is split into vectors of ``LANES`` (fewer where the axis
 type the kernel computes in, require: no tail) and the vectors spread over blocks of ``THREADS`` threads.
 TVM's codegen makes a load a vector one where its index is provably a multiple of the lanes (the elementwise
 chains, split columns, the head dimension of a transpose) and gathers it element by element where not.
-Kernels over floating-point buffers only (see ``_float_buffer``), and no selects (a concatenation, padding: the
-CPU rule partitions their loops, which this one does not).
+Kernels over floating-point buffers only (see ``_float_buffer``). A select (a concatenation, padding) must not
+test the innermost axis: each vector then takes one side of it whole (a KV cache's append along the sequence); a
+concatenation of the innermost axis (rotary embeddings' rotate_half) stays with DLight.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import largest_divisor
-from .cpu_elementwise import calls, inline_to_outputs, static_size
+from .common import any_node, largest_divisor
+from .cpu_elementwise import inline_to_outputs, selects, static_size
 
 THREADS = 256
 VECTOR_BYTES = 16
@@ -40,8 +41,7 @@ class GpuElementwise(ScheduleRule):
     """Kernels made only of spatial (injective) blocks of static shape, on CUDA."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda" or not all(map(_float_buffer, func.params)) \
-                or calls(func, {"if_then_else"}):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda" or not all(map(_float_buffer, func.params)):
             return None
         found = inline_to_outputs(tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"])
         if found is None:
@@ -55,6 +55,8 @@ class GpuElementwise(ScheduleRule):
             if not size:
                 return None
             *outer, last = sch.get_loops(block)
+            if any(_uses(c, sch.get(last).loop_var) for c in selects(sch, block)):
+                return None
             # vectors along the innermost axis (fused into the others, the indices become div/mod expressions
             # in which TVM proves a vector's alignment less often)
             fits = tuple(v for v in (LANES, 2) if v * widest <= VECTOR_BYTES)
@@ -65,6 +67,10 @@ class GpuElementwise(ScheduleRule):
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(lane)
         return sch
+
+
+def _uses(expr, var) -> bool:
+    return any_node(expr, type(var), lambda v: v.same_as(var))
 
 
 def _widest_computed(func: tirx.PrimFunc) -> int:

@@ -1,6 +1,6 @@
 """The CUDA elementwise rule: its generated kernels run on the CPU emulator against numpy float64 (odd sizes,
-vectors with and without a partial last block, transposes, a three-way split, a NaN select), and the CLI
-reporting it for a model's GELU chain."""
+vectors with and without a partial last block, transposes, a three-way split, a KV cache's append, a NaN select),
+and the CLI reporting it for a model's GELU chain."""
 
 from __future__ import annotations
 
@@ -86,6 +86,30 @@ def test_three_way_split_emulated(rng):
     cuda_emu.run(func, TARGET, {"x": xs, **outs})
     for s, n in enumerate("qkv"):
         np.testing.assert_array_equal(outs[n], xs[:, 24 * s: 24 * (s + 1)])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_kv_cache_append_emulated(rng, dtype):
+    """A decoding step's new keys (one row per head, [b, s, h * d] -> [b, h, s, d]) appended to the cache along its
+    sequence axis: each vector from one side of the select, whole (an if / else of vector loads)."""
+    past, new = te.placeholder((2, 3, 37, 16), dtype, name="past"), te.placeholder((2, 1, 48), dtype, name="new")
+    func = scheduled(past, new, topi.concatenate([past, topi.transpose(topi.reshape(new, (2, 1, 3, 16)), (0, 2, 1, 3))], 2))
+    src = cuda_emu.cuda_source(func, TARGET)
+    assert ("half4" if dtype == "float16" else "float4") + "*)(past_ptr + " in src, src
+    arrays = {"past": rng.standard_normal((2, 3, 37, 16)).astype(dtype), "new": rng.standard_normal((2, 1, 48)).astype(dtype),
+              "T_concat": np.zeros((2, 3, 38, 16), dtype)}
+    cuda_emu.run(func, TARGET, arrays)
+    ref = np.concatenate([arrays["past"], arrays["new"].reshape(2, 1, 3, 16).transpose(0, 2, 1, 3)], 2)
+    np.testing.assert_array_equal(arrays["T_concat"], ref)
+
+
+def test_concatenation_of_the_innermost_axis_is_left_to_dlight():
+    """rotate_half's cat(-x2, x1) selects within a vector's lanes: not this rule's kernel."""
+    x = te.placeholder((4, 5, 16), "float16", name="x")
+    rot = topi.concatenate([topi.negative(topi.strided_slice(x, [0, 0, 8], [4, 5, 16])),
+                            topi.strided_slice(x, [0, 0, 0], [4, 5, 8])], 2)
+    with TARGET:
+        assert GpuElementwise().apply(te.create_prim_func([x, rot]), TARGET, False) is None
 
 
 @pytest.mark.parametrize("dtype", ["int64", "bool"])
