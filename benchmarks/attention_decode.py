@@ -32,7 +32,10 @@ ROUNDS, REPEAT = 5, 40
 # L2-resident from call to call), 32768 (134 MB) and batch 8 x 4096, and with 4 query rows (speculative decoding);
 # GPT-2-medium-style heads at batch 4
 CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "gqa_32k": (1, 1, 32768, 32, 8, 128), "gqa_b8": (8, 1, 4096, 32, 8, 128),
-         "gqa_b8_rows4": (8, 4, 4096, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64)}
+         "gqa_b8_rows4": (8, 4, 4096, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64),
+         # more query rows than MAX_SEQ_Q (speculative decoding's draft tokens): the prefill kernel by default, the
+         # tensor-core decode form with MAX_SEQ_Q raised (``ROWS_VARIANTS``)
+         "gqa_b8_rows8": (8, 8, 4096, 32, 8, 128), "mha_rows16": (4, 16, 1024, 16, 16, 64)}
 
 
 # name -> (batch, new rows, cached keys, heads, K/V heads, head dim): a Llama-style step at 2048 keys, and batch 8 x 4096
@@ -65,6 +68,8 @@ def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int =
 # other builds timed beside the default one (``tvmpipe``), by the module constants each is compiled with: the prefill
 # kernels the decode kernel replaced; the decode kernel's two forms (``TENSOR_CORES``), one of them the default
 VARIANTS = {"prefill": {"fits": lambda *_: False}, "simt": {"TENSOR_CORES": False}, "tc": {"TENSOR_CORES": True}}
+# cases of more query rows than MAX_SEQ_Q: also the tensor-core form taking up to 16 (one m16 tile of plain heads)
+ROWS_VARIANTS = {"tc-rows16": {"TENSOR_CORES": True, "MAX_SEQ_Q": 16}}
 # with ``--variants``, also the tensor-core form with one of its constants changed (to choose them, as
 # ``rerun/attention-decode-variants/`` chose the SIMT form's): ring steps, bytes of K per warp step, warps, CTAs per SM
 TC_VARIANTS = {f"tc-{name}": {"TENSOR_CORES": True, **patch} for name, patch in {
@@ -89,9 +94,12 @@ def build(variants: dict) -> None:
                 compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
 
     BUILD.mkdir(parents=True, exist_ok=True)
+    from schedules.attention_cuda_decode import MAX_SEQ_Q
+
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
-        compile_all(name, {variant: ("attention_cuda_decode", patch) for variant, patch in variants.items()})
+        patches = {**variants, **(ROWS_VARIANTS if case[1] > MAX_SEQ_Q else {})}
+        compile_all(name, {variant: ("attention_cuda_decode", patch) for variant, patch in patches.items()})
     for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
         attention_model(BUILD / f"{name}.onnx", b, s, s, h, hkv, d, past)
         compile_all(name, STEP_VARIANTS)
@@ -136,7 +144,7 @@ def run(out: Path) -> None:
                "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
                "kv_bytes": 2 * b * skv * hkv * d * 2}
         turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms}
-        for variant in [v for v in {**VARIANTS, **TC_VARIANTS} if (BUILD / f"{name}-{v}.tvmpkg").exists()]:
+        for variant in [v for v in {**VARIANTS, **TC_VARIANTS, **ROWS_VARIANTS} if (BUILD / f"{name}-{v}.tvmpkg").exists()]:
             other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
             rec[f"{variant}_rel_err"] = check(other, *case)[2]
             turns[f"tvmpipe-{variant}"] = lambda r=other: r.time(x, repeat=REPEAT, warmup=5).ms
