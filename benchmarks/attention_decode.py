@@ -43,7 +43,7 @@ STEP_CASES = {"gqa_step": (1, 1, 2047, 32, 8, 128), "gqa_b8_step": (8, 1, 4095, 
 # module (of schedules) -> its patched constants: the cache transposed to the kernel's layout first; its append on
 # DLight's default schedule (a select per element: gpu_elementwise took none before)
 STEP_VARIANTS = {"transposed": ("attention", {"_reads_in_place": lambda *_: False}),
-                 "concat-dlight": ("gpu_elementwise", {"_uses": lambda *_: True})}
+                 "concat-dlight": ("gpu_elementwise", {"uses": lambda *_: True})}
 
 
 def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int = 0) -> None:

@@ -140,6 +140,11 @@ def any_node(node, kind: type, pred: Callable) -> bool:
     return count_nodes(node, kind, pred) > 0
 
 
+def uses(expr, var: tirx.Var) -> bool:
+    """Whether ``expr`` mentions ``var``."""
+    return any_node(expr, tirx.Var, lambda v: v.same_as(var))
+
+
 def sm_version(target: Target) -> int:
     """The CUDA target's compute capability as a number (``sm_90`` and ``sm_90a`` -> 90; 80 if the target names none)."""
     return cuda_arch(str(target.attrs.get("arch", "sm_80")))[0]

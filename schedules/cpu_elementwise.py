@@ -55,7 +55,7 @@ class CpuElementwise(ScheduleRule):
         vectorize, widest = not calls(func, NO_VECTOR_LOWERING), vector_shape(target, "float32")[0]
         cores = int(target.attrs.get("num-cores", 1))
         for block in outputs:
-            if not (_partition(sch, block, widest, vectorize, cores) if _selects(sch.get(block).body)
+            if not (_partition(sch, block, widest, vectorize, cores) if _conditions(sch.get(block).body)
                     else _parallel_vectors(sch, block, widest, vectorize)):
                 return None
         return sch
@@ -116,7 +116,7 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
     size, analyzer = static_size(sch, block), Analyzer()
     for iv in sch.get(block).iter_vars:  # a reshape's index math (j % 56 // 7) simplifies within the domains
         analyzer.bind(iv.var, iv.dom)
-    cut = _cut_points([analyzer.simplify(c) for c in _selects(sch.get(block).body)])
+    cut = _cut_points([analyzer.simplify(c) for c in _conditions(sch.get(block).body)])
     if not size or cut is None:
         return False
     var, modulus, points = cut
@@ -163,7 +163,7 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
     return True
 
 
-def _selects(stmt) -> list:
+def _conditions(stmt) -> list:
     """The conditions of the ``if_then_else`` calls under ``stmt``."""
     found = []
     is_select = lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.endswith("if_then_else")  # noqa: E731
@@ -217,7 +217,8 @@ def _cut_points(conditions: list) -> tuple[tirx.Var | None, int | None, set[int]
 def selects(sch: s_tir.Schedule, block) -> list:
     """The conditions of ``block``'s selects in terms of its loops' variables."""
     binding = dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
-    return [tvm_ffi.structural_map(c, [(tirx.Var, lambda v: binding.get(v, v))]) for c in _selects(sch.get(block).body)]
+    substitute = lambda c: tvm_ffi.structural_map(c, [(tirx.Var, lambda v: binding.get(v, v))])  # noqa: E731
+    return [substitute(c) for c in _conditions(sch.get(block).body)]
 
 
 def _decided(sch: s_tir.Schedule, block) -> bool:

@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import any_node, largest_divisor
+from .common import largest_divisor, uses
 from .cpu_elementwise import inline_to_outputs, selects, static_size
 
 THREADS = 256
@@ -55,7 +55,7 @@ class GpuElementwise(ScheduleRule):
             if not size:
                 return None
             *outer, last = sch.get_loops(block)
-            if any(_uses(c, sch.get(last).loop_var) for c in selects(sch, block)):
+            if any(uses(c, sch.get(last).loop_var) for c in selects(sch, block)):
                 return None
             # vectors along the innermost axis (fused into the others, the indices become div/mod expressions
             # in which TVM proves a vector's alignment less often)
@@ -67,10 +67,6 @@ class GpuElementwise(ScheduleRule):
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(lane)
         return sch
-
-
-def _uses(expr, var) -> bool:
-    return any_node(expr, type(var), lambda v: v.same_as(var))
 
 
 def _widest_computed(func: tirx.PrimFunc) -> int:

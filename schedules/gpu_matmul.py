@@ -37,7 +37,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import sm_count, sm_version
+from .common import sm_count, sm_version, uses
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
@@ -113,12 +113,6 @@ def _substitute(expr, vmap: dict):
     return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: vmap.get(v, v))])
 
 
-def _uses(expr, var: tirx.Var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v.same_as(var)))])
-    return any(found)
-
-
 def _operand(expr) -> TensorLoad | None:
     """The load under an optional Cast to the accumulator type."""
     if isinstance(expr, tirx.Cast):
@@ -170,7 +164,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         return None
     *bvars, vi, vj = (iv.var for iv in spatial)
     vk = red.var
-    a, b = (x, y) if _uses(x.indices[-2], vi) else (y, x)
+    a, b = (x, y) if uses(x.indices[-2], vi) else (y, x)
     dtype = str(a.source.dtype)
     if dtype not in MMA_DTYPES or str(b.source.dtype) != dtype or not (_is_param(a.source, func) and _is_param(b.source, func)):
         return None
@@ -183,7 +177,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
     else:
         return None
     for load in (a, b):  # leading indices: batch axes only
-        if any(_uses(i, v) for i in load.indices[:-2] for v in (vi, vj, vk)):
+        if any(uses(i, v) for i in load.indices[:-2] for v in (vi, vj, vk)):
             return None
     *batch, m, n, k = (int(e) for e in extents)
     if k % chunk(dtype) or (not k_major and n % chunk(dtype)):  # 16-byte rows for cp.async
@@ -234,7 +228,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         return [*bv, i, j]
 
     a_at, b_at = indexer(a, vi, vk), indexer(b, vj, vk) if k_major else indexer(b, vk, vj)
-    if batch and not any(_uses(i, v) for i in b.indices for v in bvars):
+    if batch and not any(uses(i, v) for i in b.indices for v in bvars):
         # B is shared by the batch (a weight): one GEMM of batch x M rows, not a batch of M-row GEMMs, which
         # would stream B once per batch entry (ViT's [197, 1, 768] tokens: 197 GEMMs of one row each)
         def rows(r) -> tuple[list, object]:  # flat row -> (batch indices, row)
