@@ -148,6 +148,25 @@ def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride, pad):
     assert "hand:CpuDepthwise" in _kernels(tmp_path).values()
 
 
+# asymmetric zero padding of H and W in front of a conv with padding of its own; a non-zero value; channels padded
+@pytest.mark.parametrize("pads, value, folded", [([0, 0, 1, 2, 0, 0, 2, 1], 0.0, True),
+                                                 ([0, 0, 1, 1, 0, 0, 1, 1], 0.5, False),
+                                                 ([0, 1, 1, 1, 0, 0, 1, 1], 0.0, False)])
+def test_zero_pad_before_conv_folds_into_it(capsys, tmp_path, rng, pads, value, folded):
+    """An explicit Pad of zeros on the spatial axes before a Conv (TF-converted models, nn.ZeroPad2d) becomes the
+    Conv's own padding (onnxscript's fuse_pad_into_conv): one conv kernel, where the imported Pad is a gather and a
+    select per axis. Any other Pad stays, and the result is the same."""
+    w = rng.standard_normal((8, 3 + pads[1] + pads[5], 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["y"], pads=[1, 0, 0, 1])]
+    out = [2, 8, 13 + pads[2] + pads[6] - 1, 11 + pads[3] + pads[7] - 1]  # (3x3 kernel, 1 more row, 1 more column)
+    model = make_model(nodes, [("x", F, [2, 3, 13, 11])], [("y", F, out)],
+                       {"pads": np.array(pads, np.int64), "value": np.array(value, np.float32), "w": w}, opset=18)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": rng.standard_normal((2, 3, 13, 11)).astype(np.float32)})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert (list(_kernels(tmp_path).values()) == ["hand:CpuConv2d"]) == folded, _kernels(tmp_path)
+
+
 def _layer_norm64(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     x = x.astype(np.float64)
     mean = x.mean(-1, keepdims=True)

@@ -322,14 +322,19 @@ def _split_constants(graph) -> None:
 
 
 def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
-    """onnxscript's ``optimize`` without its rewrite rules.
+    """onnxscript's ``optimize`` without its rewrite rules, but one.
 
     Those rules match constants with a tolerance (``x + 1e-12`` is taken for ``x + 0`` and dropped, which
-    turns LayerNorm's epsilon into a division by zero); graph rewrites are our passes' job, on Relax.
+    turns LayerNorm's epsilon into a division by zero); graph rewrites are our passes' job, on Relax. The one
+    kept, ``fuse_pad_into_conv``, checks exactly (a constant Pad of zeros on spatial axes only, a Conv without
+    ``auto_pad``) and folds the Pad into the Conv's ``pads``: imported, a Pad is a gather per axis and a select
+    (``converters_layout``), two kernels per padded axis in front of a conv that pads as it reads.
     """
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript.optimizer import fold_constants_ir
+    from onnxscript.rewriter import rewrite
+    from onnxscript.rewriter.rules.common import fuse_pad_into_conv_rule
 
     m = ir.serde.deserialize_model(model)
     common.InlinePass()(m)
@@ -339,6 +344,7 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
                                    should_fold=_fold_small_fills).modified
         if not common.RemoveUnusedNodesPass()(m).modified and not folded:
             break
+    rewrite(m, pattern_rewrite_rules=[fuse_pad_into_conv_rule])
     ir.passes.Sequential(
         common.RemoveUnusedFunctionsPass(),
         common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
