@@ -83,6 +83,7 @@ def build(variants: dict) -> None:
     import importlib
 
     from compiler import compile_model
+    from schedules.attention_cuda_decode import MAX_SEQ_Q
 
     def compile_all(name: str, patches: dict) -> None:
         """The default package of ``name``'s model and one per variant (``patches``: variant -> (module of schedules,
@@ -94,8 +95,6 @@ def build(variants: dict) -> None:
                 compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
 
     BUILD.mkdir(parents=True, exist_ok=True)
-    from schedules.attention_cuda_decode import MAX_SEQ_Q
-
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
         patches = {**variants, **(ROWS_VARIANTS if case[1] > MAX_SEQ_Q else {})}
@@ -144,7 +143,8 @@ def run(out: Path) -> None:
                "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
                "kv_bytes": 2 * b * skv * hkv * d * 2}
         turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms}
-        for variant in [v for v in {**VARIANTS, **TC_VARIANTS, **ROWS_VARIANTS} if (BUILD / f"{name}-{v}.tvmpkg").exists()]:
+        built = [v for v in {**VARIANTS, **TC_VARIANTS, **ROWS_VARIANTS} if (BUILD / f"{name}-{v}.tvmpkg").exists()]
+        for variant in built:
             other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
             rec[f"{variant}_rel_err"] = check(other, *case)[2]
             turns[f"tvmpipe-{variant}"] = lambda r=other: r.time(x, repeat=REPEAT, warmup=5).ms
