@@ -308,6 +308,36 @@ def test_concatenation_selects_are_decided_per_part():
     assert _cut_points([tvm.tirx.LT(v, m)]) is None
 
 
+def test_concatenation_parts_are_parallel_vector_loops():
+    """Across few outer iterations (3 heads of a KV cache on this machine's cores), each part of the seam is a parallel
+    loop of vectors; across many (rows of a rotate_half along the innermost axis), the rows are one parallel loop and
+    each part of a row a vector loop."""
+    from collections import Counter
+
+    from tvm import te, topi
+
+    from compiler import targets
+    from schedules.cpu_elementwise import CpuElementwise
+
+    target = targets.resolve("cpu").target
+
+    def loop_kinds(*tensors) -> Counter:
+        func = CpuElementwise().apply(te.create_prim_func(list(tensors)), target, False).mod["main"]
+        kinds: Counter = Counter()
+        tvm_ffi.structural_walk(func.body, [(tvm.tirx.For, lambda f: kinds.update([f.kind]))])
+        return kinds
+
+    heads = min(3, 2 * int(target.attrs["num-cores"]) - 1)  # fewer than 2 per core: the parts go outermost
+    past, new = te.placeholder((1, heads, 7000, 8), name="past"), te.placeholder((1, 1, heads * 8), name="new")
+    kinds = loop_kinds(past, new, topi.concatenate([past, topi.transpose(topi.reshape(new, (1, 1, heads, 8)), (0, 2, 1, 3))], 2))
+    assert kinds[tvm.tirx.ForKind.PARALLEL] == 2 and kinds[tvm.tirx.ForKind.VECTORIZED] == 2, kinds
+    x = te.placeholder((40, 30, 16), name="x")
+    rot = topi.concatenate([topi.negative(topi.strided_slice(x, [0, 0, 8], [40, 30, 16])),
+                            topi.strided_slice(x, [0, 0, 0], [40, 30, 8])], 2)
+    kinds = loop_kinds(x, rot)
+    assert kinds[tvm.tirx.ForKind.PARALLEL] == 1 and kinds[tvm.tirx.ForKind.VECTORIZED] == 2, kinds
+
+
 def test_row_reduction_rule_leaves_matmuls_alone():
     """A matmul reduces over K too, but reads B[k, j] down a column: not a row reduction (the GEMM rule's
     kernel, and float64 ones stay tunable); a row sum over the last axis is one."""
