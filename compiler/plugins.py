@@ -33,7 +33,7 @@ from typing import Any
 import tvm
 from tvm.s_tir.dlight import ScheduleRule
 
-from .errors import TvmpipeError
+from .errors import TvmpipeError, summary
 
 ATTR = "tvmpipe.plugin"  # PrimFunc attr: the qualified op name whose schedule applies
 TARGET_KINDS = {"cpu": "llvm", "cuda": "cuda"}  # schedule key -> TVM target kind
@@ -223,8 +223,7 @@ class PluginSchedule(ScheduleRule):
         try:
             fn(sch)
         except Exception as err:
-            first = (str(err).strip().splitlines() or [""])[-1].removeprefix("Error message: ")
-            raise TvmpipeError(f"{what} failed: {type(err).__name__}: {first}") from err
+            raise TvmpipeError(f"{what} failed: {summary(err)}") from err
         unbound = _unbound_blocks(sch) if kind == "cuda" else []
         if unbound:
             raise TvmpipeError(

@@ -8,12 +8,15 @@ schedule first (``plugins.PluginSchedule``).
 
 from __future__ import annotations
 
+import warnings
+
 import tvm
 from tvm import tirx
 
 from schedules import LEGALIZE, RULES
 from schedules.common import planning_for
 
+from .errors import TvmpipeError, summary
 from .plugins import PluginSchedule
 from .targets import TargetInfo
 
@@ -39,7 +42,14 @@ def apply(mod: tvm.IRModule, target: TargetInfo, *, enabled: bool = True) -> tup
             if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue
             for rule in rules:
-                sch = rule.apply(func, target.target, False)
+                try:
+                    sch = rule.apply(func, target.target, False)
+                except TvmpipeError:  # the user's to fix (a plug-in's schedule): reported as it is
+                    raise
+                except Exception as err:  # our rule's bug costs that kernel its schedule, not the user's compile
+                    warnings.warn(f"schedule rule {type(rule).__name__} failed on kernel {gvar.name_hint} "
+                                  f"({summary(err)}); the next rule takes it")
+                    continue
                 if sch is not None:
                     updates[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
                     chosen[gvar.name_hint] = type(rule).__name__

@@ -126,13 +126,16 @@ class CpuMatmul(ScheduleRule):
 
     @staticmethod
     def _is_vector_matrix(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-        """Unit spatial axes, then one spatial axis J of static extent, then the only reduction axis."""
+        """Unit spatial axes, then one spatial axis J of static extent, then the only reduction axis, over two
+        operands (a one-row sum, as a decoding step's RMSNorm has, is not a product)."""
         loops = sch.get_loops(block)
         kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
         extents = [sch.get(loop).extent for loop in loops]
         static = all(isinstance(e, tirx.IntImm) for e in extents)
+        out = sch.get(block).writes[0].source
+        operands = [r for r in sch.get(block).reads if not r.source.same_as(out)]
         return (
-            len(loops) >= 3 and static and all(int(e) == 1 for e in extents[:-2])
+            len(loops) >= 3 and static and all(int(e) == 1 for e in extents[:-2]) and len(operands) == 2
             and kinds.count(tirx.IterVar.CommReduce) == 1 and kinds[-1] == tirx.IterVar.CommReduce
         )
 

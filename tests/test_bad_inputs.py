@@ -172,3 +172,28 @@ def test_compile_error_mid_write_cleans_up(capsys, tmp_path, monkeypatch):
     r = run_cli(capsys, "compile", _relu(tmp_path), "--target", "cpu", "-o", tmp_path / "out" / "m.tvmpkg")
     assert r.code != 0 and "No space left on device" in r.err and r.err.count("\n") == 1
     assert not list((tmp_path / "out").glob("*"))
+
+
+def test_a_failing_schedule_rule_costs_only_its_kernels_schedule(capsys, tmp_path, monkeypatch, rng):
+    """A bug in one of our schedule rules (an exception inside ``apply``, as the matmul rule's once on a decoding
+    step's one-row RMSNorm) is a warning naming the rule and the kernel; the next rule takes the kernel and the model
+    compiles and computes right."""
+    from helpers import ort_run
+    from schedules.cpu_matmul import CpuMatmul
+
+    def broken(self, func, target, tunable):
+        raise AssertionError("consumers not inlined\nsecond line")
+
+    monkeypatch.setattr(CpuMatmul, "apply", broken)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", F, [7, 24])], [("y", F, [7, 40])], {"w": w})
+    src, pkg = save(model, tmp_path / "m.onnx"), tmp_path / "m.tvmpkg"
+    with pytest.warns(UserWarning, match=r"schedule rule CpuMatmul failed on kernel (\w+) \(AssertionError: second line\)"):
+        r = run_cli(capsys, "compile", src, "--target", "cpu", "-o", pkg)
+    assert r.code == 0, r.err
+    with zipfile.ZipFile(pkg) as zf:
+        assert "hand:CpuMatmul" not in json.loads(zf.read("manifest.json"))["kernels"].values()
+    x = rng.standard_normal((7, 24)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    assert run_cli(capsys, "run", pkg, "--inputs", tmp_path / "in.npz", "--outputs", tmp_path / "out.npz").code == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], ort_run(src, {"x": x})["y"], rtol=1e-5, atol=1e-5)
