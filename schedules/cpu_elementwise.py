@@ -110,54 +110,69 @@ def _parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) 
 
 
 def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: int) -> bool:
-    """Split the output loop that the block's selects test at their boundaries, each part a parallel vector loop
-    with its selects decided; False where they test anything but one loop against constants (padding on two
-    axes, ``tril``'s diagonal), or an element count is not static."""
+    """Split the output loops that the block's selects test at their seams (a rotary embedding's rotate_half along
+    the head dim inside a KV cache's append along the sequence: two), each part of each a vector loop with its
+    selects decided, the outermost parts or the loops above them spread over the cores; False where a select tests
+    anything but loops against constants (padding on two axes of one, ``tril``), or an element count is not static."""
     size, analyzer = static_size(sch, block), Analyzer()
     for iv in sch.get(block).iter_vars:  # a reshape's index math (j % 56 // 7) simplifies within the domains
         analyzer.bind(iv.var, iv.dom)
-    cut = _cut_points([analyzer.simplify(c) for c in _conditions(sch.get(block).body)])
-    if not size or cut is None:
-        return False
-    var, modulus, points = cut
-    if var is None:
-        return _decided(sch, block) and _parallel_vectors(sch, block, widest, vectorize)
+    seams = _cut_points([analyzer.simplify(c) for c in _conditions(sch.get(block).body)])
+    subjects = [var for var, _ in seams or {}]
+    if not size or seams is None or any(a.same_as(b) for i, a in enumerate(subjects) for b in subjects[i + 1:]):
+        return False  # (a variable and its remainder both tested: not a seam this can split)
     binding = dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
-    loop = next((lp for lp in sch.get_loops(block) if sch.get(lp).loop_var.same_as(binding.get(var))), None)
-    if loop is None:
-        return False
-    extent = int(sch.get(loop).extent)
-    if modulus is not None and modulus < extent:  # a concatenation seen through a reshape: j % m
-        if extent % modulus:
+    cut = []  # (loop, its seams)
+    for (var, modulus), points in seams.items():
+        loop = next((lp for lp in sch.get_loops(block) if sch.get(lp).loop_var.same_as(binding.get(var))), None)
+        if loop is None:
             return False
-        loop, extent = sch.split(loop, [None, modulus])[1], modulus
-    cuts = sorted(p for p in points if 0 < p < extent)
-    if not cuts:  # the selects are constant over the loop
+        extent = int(sch.get(loop).extent)
+        if modulus is not None and modulus < extent:  # a concatenation seen through a reshape: j % m
+            if extent % modulus:
+                return False
+            loop, extent = sch.split(loop, [None, modulus])[1], modulus
+        if inside := sorted(p for p in points if 0 < p < extent):
+            cut.append((loop, inside))
+    if not cut:  # the selects are constant over the loops
         return _decided(sch, block) and _parallel_vectors(sch, block, widest, vectorize)
-    loops = sch.get_loops(block)
-    k = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(loop)))
-    shared, below = loops[:k], loops[k + 1:]
-    if below and math.prod(int(sch.get(lp).extent) for lp in shared) < 2 * cores:
-        sch.reorder(loop, *shared)  # too few outer iterations to spread: the parts go outermost instead
-        shared, below = [], [*shared, *below]
-    # The vectors are split off before partitioning: a part's loop starts at its cut, and TVM fuses and splits
+    position = lambda lp: next(i for i, x in enumerate(sch.get_loops(block)) if sch.get(x).same_as(sch.get(lp)))  # noqa: E731
+    cut.sort(key=lambda c: position(c[0]))
+    # The vectors are split off before partitioning: a part's loop starts at its seam, and TVM fuses and splits
     # only loops that start at 0.
-    if below:
+    loops, (deepest, seams_in) = sch.get_loops(block), cut[-1]
+    if below := loops[position(deepest) + 1:]:
         lanes = largest_divisor(math.prod(int(sch.get(lp).extent) for lp in below), (widest, 8, 4, 2, 1))
         vector = sch.split(sch.fuse(*below), [None, lanes])[1]
     else:  # the parts are runs of the innermost axis: vectors that divide every run
-        lanes = largest_divisor(math.gcd(extent, *cuts), (widest, 8, 4, 2, 1))
-        loop, vector = sch.split(loop, [None, lanes])
-        cuts = [c // lanes for c in cuts]
+        lanes = largest_divisor(math.gcd(int(sch.get(deepest).extent), *seams_in), (widest, 8, 4, 2, 1))
+        outer_lanes, vector = sch.split(deepest, [None, lanes])
+        cut[-1] = (outer_lanes, [c // lanes for c in seams_in])
     if vectorize:
         sch.vectorize(vector)
+    shared = sch.get_loops(block)[:position(cut[0][0])]
+    if shared and math.prod(int(sch.get(lp).extent) for lp in shared) < 2 * cores and (below or len(cut) > 1):
+        sch.reorder(cut[0][0], *shared)  # too few outer iterations to spread: the parts go outermost instead
+        shared = []
     outer = sch.fuse(*shared) if len(shared) > 1 else (shared[0] if shared else None)
     spread = size >= PARALLEL_MIN
-    for part in sch.loop_partition(loop, [b - a for a, b in zip([0, *cuts], cuts)] + [None]):
-        if not _decided(sch, sch.get_child_blocks(part)[0]):
-            return False
-        if outer is None and spread:
-            sch.parallel(part)
+    depth = [position(lp) for lp, _ in cut]  # in the loop nest above the partitions
+
+    def split(copy, level: int) -> bool:
+        """Partition ``copy``'s loop of ``cut[level]`` (its loops start at the previous level's part), then each part's."""
+        if level == len(cut):
+            return _decided(sch, copy)
+        loop = sch.get_loops(copy)[depth[level] - (depth[level - 1] if level else 0)]
+        seams_at = cut[level][1]
+        for part in sch.loop_partition(loop, [b - a for a, b in zip([0, *seams_at], seams_at)] + [None]):
+            if level == 0 and outer is None and spread:
+                sch.parallel(part)
+            if not split(sch.get_child_blocks(part)[0], level + 1):
+                return False
+        return True
+
+    if not split(block, 0):
+        return False
     if outer is not None and spread:
         sch.parallel(outer)
     return True
@@ -176,11 +191,11 @@ _FLIP = {tirx.LT: (0,), tirx.GE: (0,), tirx.LE: (1,), tirx.GT: (1,), tirx.EQ: (0
 _MIRROR = {tirx.LT: tirx.GT, tirx.LE: tirx.GE, tirx.GT: tirx.LT, tirx.GE: tirx.LE, tirx.EQ: tirx.EQ, tirx.NE: tirx.NE}
 
 
-def _cut_points(conditions: list) -> tuple[tirx.Var | None, int | None, set[int]] | None:
-    """(v, m, points) where every condition is a conjunction of comparisons of one block variable ``v`` (or
-    ``v % m``, or ``v // d``: a concatenation seen through a reshape) with constants, whose truth changes only at
-    ``points`` (of ``v % m`` where m is given); None otherwise."""
-    atoms, points, subjects = [], set(), set()
+def _cut_points(conditions: list) -> dict[tuple[tirx.Var, int | None], set[int]] | None:
+    """{(v, m): points} where every condition is a conjunction of comparisons of block variables ``v`` (or ``v % m``,
+    or ``v // d``: a concatenation seen through a reshape) with constants, whose truth changes only at ``points``
+    (of ``v % m`` where m is given); empty if all are constant; None otherwise."""
+    atoms, seams = [], {}
     while conditions:
         c = conditions.pop()
         if isinstance(c, tirx.And):
@@ -204,14 +219,11 @@ def _cut_points(conditions: list) -> tuple[tirx.Var | None, int | None, set[int]
                 modulus = int(lhs.b.value)
             else:  # v // d flips where v does at d times the point
                 scale = int(lhs.b.value)
-        subjects.add((subject, modulus))
-        points.update((int(rhs.value) + offset) * scale for offset in _FLIP[kind])
-    if not subjects:
-        return None, None, set()
-    if len(subjects) != 1 or not isinstance(next(iter(subjects))[0], tirx.Var):
-        return None
-    (var, modulus), = subjects
-    return var, modulus, points
+        if not isinstance(subject, tirx.Var):
+            return None
+        key = next((k for k in seams if k[0].same_as(subject) and k[1] == modulus), (subject, modulus))
+        seams.setdefault(key, set()).update((int(rhs.value) + offset) * scale for offset in _FLIP[kind])
+    return seams
 
 
 def selects(sch: s_tir.Schedule, block) -> list:
@@ -222,10 +234,13 @@ def selects(sch: s_tir.Schedule, block) -> list:
 
 
 def _decided(sch: s_tir.Schedule, block) -> bool:
-    """Whether every select of ``block`` is constant over its loops' ranges (the lowering then folds it away)."""
-    analyzer = Analyzer()
-    for lp in sch.get_loops(block):
-        analyzer.bind(sch.get(lp).loop_var, ir.Range.from_min_extent(sch.get(lp).min, sch.get(lp).extent))
+    """Whether every select of ``block`` is constant over the ranges of the loops around it (those outside the
+    partitions' blocks too); the lowering then folds it away."""
+    analyzer, sref = Analyzer(), sch.get_sref(block).parent
+    while sref is not None:
+        if isinstance(loop := sref.stmt, tirx.For):
+            analyzer.bind(loop.loop_var, ir.Range.from_min_extent(loop.min, loop.extent))
+        sref = sref.parent
     return all(isinstance(analyzer.simplify(c), tirx.IntImm) for c in selects(sch, block))
 
 

@@ -248,6 +248,18 @@ def _concat_graph(case: str, rng) -> tuple[list, list, list, dict, dict]:
         angle = rng.uniform(0, 6.3, (1, 1, s_, d)).astype(np.float32)
         return nodes, [("x", F, [1, s_, h, d])], [("y", F, [1, s_, h, d])], {"cos": np.cos(angle), "sin": np.sin(angle)}, \
             {"x": rng.standard_normal((1, s_, h, d)).astype(np.float32)}
+    if case == "rope-then-kv-cache":  # Llama's new key: rotary embedding, then appended (seams along d and seq)
+        h, past, d = 3, 400, 16
+        angle = rng.uniform(0, 6.3, (1, 1, 1, d)).astype(np.float32)
+        nodes = [helper.make_node("Reshape", ["new", "heads"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]),
+                 helper.make_node("Split", ["t"], ["x1", "x2"], axis=3, num_outputs=2), helper.make_node("Neg", ["x2"], ["n2"]),
+                 helper.make_node("Concat", ["n2", "x1"], ["rot"], axis=3), helper.make_node("Mul", ["t", "cos"], ["a"]),
+                 helper.make_node("Mul", ["rot", "sin"], ["b"]), helper.make_node("Add", ["a", "b"], ["k"]),
+                 helper.make_node("Concat", ["past", "k"], ["y"], axis=2)]
+        return nodes, [("new", F, [1, 1, h * d]), ("past", F, [1, h, past, d])], [("y", F, [1, h, past + 1, d])], \
+            {"heads": np.array([1, 1, h, d], np.int64), "cos": np.cos(angle), "sin": np.sin(angle)}, \
+            {"new": rng.standard_normal((1, 1, h * d)).astype(np.float32),
+             "past": rng.standard_normal((1, h, past, d)).astype(np.float32)}
     if case == "three-then-reshape":  # the concatenated axis merged into the next: selects on j // 7
         nodes = [helper.make_node("Concat", ["a", "b", "c"], ["cat"], axis=1), helper.make_node("Reshape", ["cat", "flat"], ["y"])]
         shapes = {"a": (3, 5, 7), "b": (3, 2, 7), "c": (3, 1, 7)}
@@ -259,14 +271,15 @@ def _concat_graph(case: str, rng) -> tuple[list, list, list, dict, dict]:
         {n: rng.standard_normal((2, 9, 4)).astype(np.float32) for n in "ab"}
 
 
-CONCATS = ["kv-cache-few-heads", "kv-cache", "rope-odd", "rope", "three-then-reshape", "last-axis-then-reshape"]
+CONCATS = ["kv-cache-few-heads", "kv-cache", "rope-odd", "rope", "rope-then-kv-cache", "three-then-reshape",
+           "last-axis-then-reshape"]
 
 
 @pytest.mark.parametrize("case", CONCATS)
 def test_concatenations_are_parallel_copies(capsys, tmp_path, rng, case):
-    """Concatenations (a KV cache's append, rotary embeddings' rotate_half, one seen through a reshape) compile to
-    one vectorised kernel: the loop their selects test split at the boundaries. Inlined into one select-per-element
-    loop, LLVM miscompiled a rotary embedding on znver4/5."""
+    """Concatenations (a KV cache's append, rotary embeddings' rotate_half, both in one kernel, one seen through a
+    reshape) compile to one vectorised kernel: the loops their selects test split at the seams. Inlined into one
+    select-per-element loop, LLVM miscompiled a rotary embedding on znver4/5."""
     nodes, inputs, outputs, inits, feeds = _concat_graph(case, rng)
     ours, ref = compile_and_compare(capsys, tmp_path, make_model(nodes, inputs, outputs, inits, opset=18), feeds)
     assert rel_err(ours["y"], ref["y"]) < 1e-6
@@ -285,9 +298,10 @@ def _copies_between_buffers(func) -> int:
 
 
 def test_concatenation_selects_are_decided_per_part():
-    """The scheduled kernels lower without a select between inputs (each part of the split loop reads one);
-    TVM's default lowering of the same kernels keeps one per element. Padding on one axis is a concatenation
-    with a constant; on two axes it is refused (the default lowering keeps it)."""
+    """The scheduled kernels lower without a select between inputs (each part of the split loops reads one);
+    TVM's default lowering of the same kernels keeps one per element: a KV append, rotate_half through a reshape,
+    padding on one axis and on two, a rotate_half inside an append (seams along two loops). A select on two loops
+    at once (``tril``'s diagonal) is refused."""
     from tvm import te, topi
 
     from compiler import targets
@@ -300,14 +314,21 @@ def test_concatenation_selects_are_decided_per_part():
     rot = topi.concatenate([topi.negative(topi.strided_slice(x, [0, 0, 8], [2, 6, 16])), topi.strided_slice(x, [0, 0, 0], [2, 6, 8])], 2)
     lowered = lambda f: tvm.tirx.get_default_tir_pipeline(target)[0](  # noqa: E731
         tvm.tirx.transform.BindTarget(target.with_host(target))(tvm.IRModule({"main": f.with_attr("global_symbol", "main")})))["main"]
-    for args in ([past, new, kv], [x, topi.reshape(rot, (2, 96))], [x, topi.nn.pad(x, [0, 0, 2], [0, 0, 1])]):
+    heads = topi.transpose(topi.reshape(new, (1, 1, 3, 8)), (0, 2, 1, 3))
+    rope_kv = topi.concatenate([past, topi.concatenate([topi.negative(topi.strided_slice(heads, [0, 0, 0, 4], [1, 3, 1, 8])),
+                                                        topi.strided_slice(heads, [0, 0, 0, 0], [1, 3, 1, 4])], 3)], 2)
+    for args in ([past, new, kv], [x, topi.reshape(rot, (2, 96))], [x, topi.nn.pad(x, [0, 0, 2], [0, 0, 1])],
+                 [x, topi.nn.pad(x, [0, 1, 2], [0, 1, 0])], [past, new, rope_kv]):
         func = te.create_prim_func(args)
         assert _copies_between_buffers(lowered(func)) > 0  # the check sees the unscheduled kernel's select
         assert _copies_between_buffers(lowered(CpuElementwise().apply(func, target, False).mod["main"])) == 0
-    assert CpuElementwise().apply(te.create_prim_func([x, topi.nn.pad(x, [0, 1, 2], [0, 1, 0])]), target, False) is None
+    lower_triangle = te.compute((6, 6), lambda i, j: tvm.tirx.if_then_else(j <= i, x[0, i, j], 0.0), name="tril")
+    assert CpuElementwise().apply(te.create_prim_func([x, lower_triangle]), target, False) is None
     v, m = tvm.tirx.Var("v", "int32"), tvm.tirx.Var("m", "int32")
-    assert _cut_points([tvm.tirx.all(5 < v, v <= 9), tvm.tirx.EQ(v, 12)]) == (v, None, {6, 10, 12, 13})
-    assert _cut_points([tvm.tirx.GE(tvm.tirx.floordiv(v, 7), 2), tvm.tirx.LT(tvm.tirx.floormod(v, 8), 4)]) is None
+    ((var, modulus), points), = _cut_points([tvm.tirx.all(5 < v, v <= 9), tvm.tirx.EQ(v, 12)]).items()
+    assert var.same_as(v) and modulus is None and points == {6, 10, 12, 13}
+    seams = _cut_points([tvm.tirx.GE(tvm.tirx.floordiv(v, 7), 2), tvm.tirx.LT(tvm.tirx.floormod(m, 8), 4)])
+    assert {(k[0].name, k[1]): p for k, p in seams.items()} == {("v", None): {14}, ("m", 8): {4}}
     assert _cut_points([tvm.tirx.LT(v, m)]) is None
 
 
