@@ -8,8 +8,9 @@ so there is no tail) and spread over the cores.
 
 A concatenation selects per element (``if_then_else(4 <= j, b[j - 4], a[j])``). Inlined and left to LLVM, such
 a select became masked gathers of both sides, and on znver4/5 (not x86-64-v4) a rotary embedding came out wrong
-(ONNX test_rotary_embedding_3d_input). So the output loop the selects test is partitioned at their boundaries
-(``_partition``): each part reads one input, its select decided by the loop's range, and copies it as vectors.
+(ONNX test_rotary_embedding_3d_input). So the output loops the selects test are partitioned at their seams
+(``_partition``; a Llama key's rotate_half inside its cache append has seams along two): each part reads one input,
+its selects decided by the loops' ranges, and copies it as vectors.
 A Llama-style decoding step's two KV-cache concatenations (8 x 2048 x 128 float32): 0.84 ms, 1.40 ms unscheduled
 (``benchmarks/results/rerun/attention-kv-cache-step/``).
 """

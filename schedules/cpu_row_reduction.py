@@ -88,9 +88,7 @@ def _rows_and_cols(sch: s_tir.Schedule, blocks: list) -> tuple[int, int] | None:
     reductions = [(squeeze(extents[:-1]), extents[-1]) for extents, reduces in shapes if reduces]
     if not reductions or any(r != reductions[0] for r in reductions):
         return None
-    rows, cols = reductions[0]
-    if not rows:
-        return None
+    rows, cols = reductions[0]  # (no rows but unit ones: a decoding step's one token)
     for extents, reduces in shapes:
         if not reduces and squeeze(extents) != rows and not (extents[-1] == cols and squeeze(extents[:-1]) == rows):
             return None

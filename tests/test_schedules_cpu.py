@@ -210,8 +210,7 @@ def test_rms_norm(capsys, tmp_path, rng, rows):
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * g
     assert rel_err(ours["y"], ref) < 1e-5
-    if rows != (1, 1):  # (one row: the row rule wants rows to spread; its mean stays on the default lowering)
-        assert "hand:CpuRowReduction" in _kernels(tmp_path).values() and "default" not in _kernels(tmp_path).values()
+    assert "hand:CpuRowReduction" in _kernels(tmp_path).values() and "default" not in _kernels(tmp_path).values()
 
 
 def test_split_outputs_each_get_a_vector_loop(capsys, tmp_path, rng):
