@@ -9,6 +9,7 @@ and the graph only gathers and selects: exact for any dtype.
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as upstream
 
@@ -17,6 +18,7 @@ from .converters_nn import rank, shape
 from .registry import register_converter
 
 op = relax.op
+FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def _values(x: relax.Expr | None) -> np.ndarray | None:
@@ -34,11 +36,16 @@ def _source_index(idx: np.ndarray, n: int, mode: str) -> np.ndarray:
     return np.clip(idx, 0, n - 1)  # edge (and constant, whose outside positions are replaced)
 
 
-def _pad(bb, x: relax.Expr, widths: dict[int, tuple[int, int]], mode: str, value: relax.Expr) -> relax.Expr:
+def _pad(bb, x: relax.Expr, widths: dict[int, tuple[int, int]], mode: str, value: relax.Expr,
+         fill: float | None = None) -> relax.Expr:
     """``widths``: axis -> (before, after). Negative widths crop first, then the positive ones pad what is
     left (onnxruntime's order: wrap/reflect see the cropped axis). One gather per axis; mode='constant'
-    then selects ``value`` outside the source along that axis."""
+    then selects ``value`` outside the source along that axis. Except the common case, a floating-point tensor
+    padded with a value known here (``fill``): one ``nn.pad`` (a select per element, which the CPU rule turns into
+    copies of parts)."""
     r = rank(x)
+    if mode == "constant" and fill is not None and dtype_of(x) in FLOATS and all(w >= 0 for ws in widths.values() for w in ws):
+        return bb.normalize(op.nn.pad(x, [w for a in range(r) for w in widths.get(a, (0, 0))], "constant", fill))
     y = x
     for a, (begin, end) in widths.items():
         n = shape(x)[a]
@@ -70,8 +77,11 @@ def pad(bb, inputs, attrs, params) -> relax.Expr:
     else:
         pads, value, axes = list(attrs["pads"]), relax.const(attrs.get("value", 0.0), dtype_of(x)), None
     axes = list(range(r)) if axes is None else [int(a) % r for a in axes]
+    fill = None  # the value, where known here (not a run-time scalar; ONNX gives it the data's type)
+    if value is None or isinstance(value, tvm.ir.GenericConst):
+        fill = 0.0 if value is None else float(value.value.numpy())
     value = relax.const(0, dtype_of(x)) if value is None else bb.normalize(op.astype(value, dtype_of(x)))
-    return _pad(bb, x, {a: (pads[k], pads[k + len(axes)]) for k, a in enumerate(axes)}, mode, value)
+    return _pad(bb, x, {a: (pads[k], pads[k + len(axes)]) for k, a in enumerate(axes)}, mode, value, fill)
 
 
 def center_crop_pad(bb, inputs, attrs, params) -> relax.Expr:
