@@ -285,13 +285,15 @@ def test_concatenations_are_parallel_copies(capsys, tmp_path, rng, case):
     assert set(_kernels(tmp_path).values()) == {"hand:CpuElementwise"}
 
 
-def test_constant_pad_is_one_kernel_of_copies(capsys, tmp_path, rng):
-    """A Pad by a constant known at compile time (not before a Conv) is one kernel, its seams along three axes split
-    into copies and fills; imported as gathers and selects it took two kernels per axis, the gathers on the default
-    lowering. The same values as onnxruntime."""
+@pytest.mark.parametrize("value_shape", [(), (1,)])
+def test_constant_pad_is_one_kernel_of_copies(capsys, tmp_path, rng, value_shape):
+    """A Pad by a constant known at compile time (not before a Conv; a scalar, or one element as exporters also
+    write it) is one kernel, its seams along three axes split into copies and fills; imported as gathers and
+    selects it took two kernels per axis, the gathers on the default lowering. The same values as onnxruntime."""
     nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["y"])]
     model = make_model(nodes, [("x", F, [2, 3, 13, 11])], [("y", F, [2, 4, 16, 13])],
-                       {"pads": np.array([0, 0, 1, 2, 0, 1, 2, 0], np.int64), "value": np.array(0.5, np.float32)}, opset=18)
+                       {"pads": np.array([0, 0, 1, 2, 0, 1, 2, 0], np.int64),
+                        "value": np.full(value_shape, 0.5, np.float32)}, opset=18)
     ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": rng.standard_normal((2, 3, 13, 11)).astype(np.float32)})
     np.testing.assert_array_equal(ours["y"], ref["y"])
     assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"], _kernels(tmp_path)

@@ -78,8 +78,8 @@ def pad(bb, inputs, attrs, params) -> relax.Expr:
         pads, value, axes = list(attrs["pads"]), relax.const(attrs.get("value", 0.0), dtype_of(x)), None
     axes = list(range(r)) if axes is None else [int(a) % r for a in axes]
     fill = None  # the value, where known here (not a run-time scalar; ONNX gives it the data's type)
-    if value is None or isinstance(value, tvm.ir.GenericConst):
-        fill = 0.0 if value is None else float(value.value.numpy())
+    if value is None or (isinstance(value, tvm.ir.GenericConst) and value.value.numpy().size == 1):
+        fill = 0.0 if value is None else float(value.value.numpy().reshape(-1)[0])  # (exporters write a 0-d or [1])
     value = relax.const(0, dtype_of(x)) if value is None else bb.normalize(op.astype(value, dtype_of(x)))
     return _pad(bb, x, {a: (pads[k], pads[k + len(axes)]) for k, a in enumerate(axes)}, mode, value, fill)
 
