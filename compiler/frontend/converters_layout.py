@@ -44,7 +44,8 @@ def _pad(bb, x: relax.Expr, widths: dict[int, tuple[int, int]], mode: str, value
     padded with a value known here (``fill``): one ``nn.pad`` (a select per element, which the CPU rule turns into
     copies of parts)."""
     r = rank(x)
-    if mode == "constant" and fill is not None and dtype_of(x) in FLOATS and all(w >= 0 for ws in widths.values() for w in ws):
+    padding = all(w >= 0 for ws in widths.values() for w in ws)  # (no crops)
+    if mode == "constant" and fill is not None and dtype_of(x) in FLOATS and padding:
         return bb.normalize(op.nn.pad(x, [w for a in range(r) for w in widths.get(a, (0, 0))], "constant", fill))
     y = x
     for a, (begin, end) in widths.items():

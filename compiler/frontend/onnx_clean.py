@@ -327,8 +327,8 @@ def _optimize(model: onnx.ModelProto, iterations: int = 4) -> onnx.ModelProto:
     Those rules match constants with a tolerance (``x + 1e-12`` is taken for ``x + 0`` and dropped, which
     turns LayerNorm's epsilon into a division by zero); graph rewrites are our passes' job, on Relax. The one
     kept, ``fuse_pad_into_conv``, checks exactly (a constant Pad of zeros on spatial axes only, a Conv without
-    ``auto_pad``) and folds the Pad into the Conv's ``pads``: imported, a Pad is a gather per axis and a select
-    (``converters_layout``), two kernels per padded axis in front of a conv that pads as it reads.
+    ``auto_pad``) and folds the Pad into the Conv's ``pads``: imported, a Pad is a kernel of its own
+    (``converters_layout``) in front of a conv that pads as it reads.
     """
     import onnx_ir as ir
     import onnx_ir.passes.common as common
