@@ -135,6 +135,12 @@ def run(out: Path) -> None:
         return graph.replay
 
     records = []
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"attention-decode-{gpu_slug()}.json"
+
+    def save(rec: dict) -> None:  # after every case: a failure later keeps what was measured
+        records.append(rec)
+        path.write_text(json.dumps(records, indent=1))
     for name, case in CASES.items():
         b, s, skv, h, hkv, d = case
         runner = load(str(BUILD / f"{name}.tvmpkg"))
@@ -167,7 +173,7 @@ def run(out: Path) -> None:
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
         rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]  # > 1: the tensor-core form is faster
         print(json.dumps(rec), flush=True)
-        records.append(rec)
+        save(rec)
     for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
         rng = np.random.default_rng(0)
         x = {"q": rng.standard_normal((b, s, h * d)), "k": rng.standard_normal((b, s, hkv * d)),
@@ -204,10 +210,7 @@ def run(out: Path) -> None:
         rec["concat-dlight_vs_tvmpipe"] = rec["tvmpipe-concat-dlight_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
         print(json.dumps(rec), flush=True)
-        records.append(rec)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"attention-decode-{gpu_slug()}.json"
-    path.write_text(json.dumps(records, indent=1))
+        save(rec)
     print(f"wrote {path}")
 
 
