@@ -145,6 +145,11 @@ def uses(expr, var: tirx.Var) -> bool:
     return any_node(expr, tirx.Var, lambda v: v.same_as(var))
 
 
+def substitute(expr, vmap: dict):
+    """``expr`` with the variables in ``vmap`` replaced by their values."""
+    return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: vmap.get(v, v))])
+
+
 def sm_version(target: Target) -> int:
     """The CUDA target's compute capability as a number (``sm_90`` and ``sm_90a`` -> 90; 80 if the target names none)."""
     return cuda_arch(str(target.attrs.get("arch", "sm_80")))[0]

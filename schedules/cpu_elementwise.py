@@ -28,7 +28,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.sym import Analyzer
 from tvm.target import Target
 
-from .common import any_node, count_nodes, largest_divisor, vector_shape
+from .common import any_node, count_nodes, largest_divisor, substitute, vector_shape
 
 
 PARALLEL_MIN = 1 << 14  # elements: below this, waking the other threads costs more than it saves
@@ -119,10 +119,12 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
     for iv in sch.get(block).iter_vars:  # a reshape's index math (j % 56 // 7) simplifies within the domains
         analyzer.bind(iv.var, iv.dom)
     seams = _cut_points([analyzer.simplify(c) for c in _conditions(sch.get(block).body)])
-    subjects = [var for var, _ in seams or {}]
-    if not size or seams is None or any(a.same_as(b) for i, a in enumerate(subjects) for b in subjects[i + 1:]):
+    if not size or seams is None:
+        return False
+    subjects = [var for var, _ in seams]
+    if any(a.same_as(b) for i, a in enumerate(subjects) for b in subjects[i + 1:]):
         return False  # (a variable and its remainder both tested: not a seam this can split)
-    binding = dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
+    binding = _binding(sch, block)
     cut = []  # (loop, its seams)
     for (var, modulus), points in seams.items():
         loop = next((lp for lp in sch.get_loops(block) if sch.get(lp).loop_var.same_as(binding.get(var))), None)
@@ -227,11 +229,15 @@ def _cut_points(conditions: list) -> dict[tuple[tirx.Var, int | None], set[int]]
     return seams
 
 
+def _binding(sch: s_tir.Schedule, block) -> dict:
+    """``block``'s variables -> their values in its loops' variables."""
+    return dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
+
+
 def selects(sch: s_tir.Schedule, block) -> list:
     """The conditions of ``block``'s selects in terms of its loops' variables."""
-    binding = dict(zip((iv.var for iv in sch.get(block).iter_vars), get_sblockrealize(sch, block).iter_values))
-    substitute = lambda c: tvm_ffi.structural_map(c, [(tirx.Var, lambda v: binding.get(v, v))])  # noqa: E731
-    return [substitute(c) for c in _conditions(sch.get(block).body)]
+    binding = _binding(sch, block)
+    return [substitute(c, binding) for c in _conditions(sch.get(block).body)]
 
 
 def _decided(sch: s_tir.Schedule, block) -> bool:

@@ -37,7 +37,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import sm_count, sm_version, uses
+from .common import sm_count, sm_version, substitute, uses
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
@@ -107,10 +107,6 @@ def _unravel(flat, extents) -> list:
         idx.insert(0, flat % e)
         flat = flat // e
     return idx
-
-
-def _substitute(expr, vmap: dict):
-    return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: vmap.get(v, v))])
 
 
 def _operand(expr) -> TensorLoad | None:
@@ -187,7 +183,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
 
     def indexer(load, second, last):
         def at_(bv, p, q):
-            return [_substitute(i, {**dict(zip(bvars, bv)), second: p, last: q}) for i in load.indices]
+            return [substitute(i, {**dict(zip(bvars, bv)), second: p, last: q}) for i in load.indices]
         return at_
 
     acc_dtype = str(acc_buf.dtype)
@@ -222,7 +218,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         return None
 
     def epilogue(acc_value, bv, i, j):
-        return _substitute(value, {acc: acc_value, **dict(zip(out_vars, [*bv, i, j]))})
+        return substitute(value, {acc: acc_value, **dict(zip(out_vars, [*bv, i, j]))})
 
     def out_at(bv, i, j):
         return [*bv, i, j]
