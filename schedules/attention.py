@@ -19,8 +19,9 @@ with ``scale = 1/sqrt(head_dim)`` unless given, ``g = heads / kv_heads`` (groupe
 ``bias`` broadcast over any of its first three axes, and a causal mask keeping ``j <= i + offset``
 (``offset = 0`` for "TopLeft", ``|seq_q - seq_kv|`` for "BottomRight", as TVM defines it). A row
 whose every score is ``-inf`` (fully masked by the bias) comes out NaN, as the unfused softmax gives.
-On the CPU, K and V that the graph transposes from a KV cache's [batch, heads, seq, dim] are given to the canonical
-function as they are (``kv_layout = "BHSD"``, ``_cache_sources``), and the kernels read them in place.
+K and V that the graph transposes from a KV cache's [batch, heads, seq, dim] are given to the canonical function as
+they are (``kv_layout = "BHSD"``, ``_cache_sources``) where the target's kernel reads them in place (the CPU kernels,
+the CUDA decode kernel: ``_reads_in_place``).
 """
 
 from __future__ import annotations
@@ -240,9 +241,12 @@ def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         placeholders = [te.placeholder(x.ty.shape.values, x.ty.dtype, name) for x, name in zip(tensors, "qkvb")]
         return canonical_attention(*placeholders[:3], placeholders[3] if len(args) == 4 else None, scale, causal, layout)
 
-    func, cache = canonical(args, "BSNH"), _cache_sources(bb, args[1], args[2])
-    if cache is not None and _reads_in_place(in_place := canonical([args[0], *cache, *args[3:]], "BHSD")):
-        func, args[1:3] = in_place, cache  # K and V read where the KV cache holds them: their transposes go dead
+    cache = _cache_sources(bb, args[1], args[2])
+    func = canonical([args[0], *cache, *args[3:]], "BHSD") if cache is not None else None
+    if func is not None and _reads_in_place(func):
+        args[1:3] = cache  # K and V read where the KV cache holds them: their transposes go dead
+    else:
+        func = canonical(args, "BSNH")
     gvar = bb.add_func(func, "attention")
     out = relax.TensorType([*q_shape[:3], v_shape[3]], sinfo[0].dtype)
     return relax.call_tir(gvar, args, out)
