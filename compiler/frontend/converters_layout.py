@@ -13,12 +13,11 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as upstream
 
-from .converters_math import dtype_of
+from .converters_math import dtype_of, is_float
 from .converters_nn import rank, shape
 from .registry import register_converter
 
 op = relax.op
-FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def _values(x: relax.Expr | None) -> np.ndarray | None:
@@ -45,7 +44,7 @@ def _pad(bb, x: relax.Expr, widths: dict[int, tuple[int, int]], mode: str, value
     copies of parts)."""
     r = rank(x)
     padding = all(w >= 0 for ws in widths.values() for w in ws)  # (no crops)
-    if mode == "constant" and fill is not None and dtype_of(x) in FLOATS and padding:
+    if mode == "constant" and fill is not None and is_float(dtype_of(x)) and padding:
         return bb.normalize(op.nn.pad(x, [w for a in range(r) for w in widths.get(a, (0, 0))], "constant", fill))
     y = x
     for a, (begin, end) in widths.items():
