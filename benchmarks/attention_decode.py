@@ -78,9 +78,8 @@ TC_VARIANTS = {f"tc-{name}": {"TENSOR_CORES": True, **patch} for name, patch in 
 
 
 def build(variants: dict) -> None:
-    from unittest import mock
-
     import importlib
+    from unittest import mock
 
     from compiler import compile_model
     from schedules.attention_cuda_decode import MAX_SEQ_Q
@@ -141,6 +140,13 @@ def run(out: Path) -> None:
     def save(rec: dict) -> None:  # after every case: a failure later keeps what was measured
         records.append(rec)
         path.write_text(json.dumps(records, indent=1))
+
+    def time_all(rec: dict, turns: dict) -> None:
+        """Each turn's ``<impl>_ms`` into ``rec``: the median of its calls over ROUNDS rounds, each starting one later."""
+        names = list(turns)
+        times = interleaved(turns, ROUNDS, order=lambda i: names[i % len(names):] + names[:i % len(names)],
+                            pause=lambda: None)
+        rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
     for name, case in CASES.items():
         b, s, skv, h, hkv, d = case
         runner = load(str(BUILD / f"{name}.tvmpkg"))
@@ -164,10 +170,7 @@ def run(out: Path) -> None:
             turns[impl] = lambda fn=sdpa: cuda_ms(fn, repeat=REPEAT, warmup=5)
         replay = graphed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
         turns["torch-graph"] = lambda: cuda_ms(replay, repeat=REPEAT, warmup=5)
-        names = list(turns)
-        times = interleaved(turns, ROUNDS, order=lambda i: names[i % len(names):] + names[:i % len(names)],
-                            pause=lambda: None)
-        rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
+        time_all(rec, turns)
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
@@ -202,10 +205,7 @@ def run(out: Path) -> None:
             rec[f"{impl}_cache_exact"] = bool(np.array_equal(got["present_key"], ref_k.astype(np.float16)))
             rec[f"{impl}_kernels"] = [{"kernel": k.name, "ms": k.ms, "calls": k.calls} for k in runner.profile(x)]
             turns[impl] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms
-        names = list(turns)
-        times = interleaved(turns, ROUNDS, order=lambda i: names[i % len(names):] + names[:i % len(names)],
-                            pause=lambda: None)
-        rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
+        time_all(rec, turns)
         rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]
         rec["concat-dlight_vs_tvmpipe"] = rec["tvmpipe-concat-dlight_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
