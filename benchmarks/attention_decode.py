@@ -1,8 +1,10 @@
 """Decoding steps (one query row per head, or a few, and a KV cache) on the GPU: tvmpipe's CUDA decode kernel
 (``schedules/attention_cuda_decode.py``), against the prefill kernels it replaces there (``tvmpipe-prefill``: 64-row
 query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, ``tvmpipe-tc``: tensor cores; one is
-the default) and torch SDPA, on the same fp16 tensors. ONNX ``Attention`` nodes (grouped heads as they
-are) compiled here for cuda-sm90, checked against float64 and timed there.
+the default) and torch SDPA, on the same fp16 tensors; the default package built with ``--cuda-graph``
+(``tvmpipe-graph``) against torch's SDPA replayed from a CUDA graph (``torch-graph``), each without its host's launch
+costs. ONNX ``Attention`` nodes (grouped heads as they are) compiled here for cuda-sm90, checked against float64 and
+timed there.
 
 Whole steps with the cache (``STEP_CASES``): the node also takes ``past_key`` / ``past_value`` ([batch, heads, seq,
 dim]) and returns them with the new keys appended; the kernel reads them in place (``tvmpipe``) or after the
@@ -32,9 +34,9 @@ ROUNDS, REPEAT = 5, 40
 # L2-resident from call to call), 32768 (134 MB) and batch 8 x 4096, and with 4 query rows (speculative decoding);
 # GPT-2-medium-style heads at batch 4
 CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "gqa_32k": (1, 1, 32768, 32, 8, 128), "gqa_b8": (8, 1, 4096, 32, 8, 128),
-         "gqa_b8_rows4": (8, 4, 4096, 32, 8, 128), "mha": (4, 1, 1024, 16, 16, 64),
-         # more query rows than MAX_SEQ_Q (speculative decoding's draft tokens): the prefill kernel by default, the
-         # tensor-core decode form with MAX_SEQ_Q raised (``ROWS_VARIANTS``)
+         "gqa_b8_rows2": (8, 2, 4096, 32, 8, 128), "gqa_b8_rows4": (8, 4, 4096, 32, 8, 128),
+         "mha": (4, 1, 1024, 16, 16, 64), "mha_rows4": (4, 4, 1024, 16, 16, 64),
+         # more query rows than MAX_SEQ_Q (speculative decoding's draft tokens): tensor cores only
          "gqa_b8_rows8": (8, 8, 4096, 32, 8, 128), "mha_rows16": (4, 16, 1024, 16, 16, 64)}
 
 
@@ -66,13 +68,13 @@ def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int =
 
 
 # other builds timed beside the default one (``tvmpipe``), by the module constants each is compiled with: the prefill
-# kernels the decode kernel replaced; the decode kernel's two forms (``TENSOR_CORES``), one of them the default
-VARIANTS = {"prefill": {"fits": lambda *_: False}, "simt": {"TENSOR_CORES": False}, "tc": {"TENSOR_CORES": True}}
-# cases of more query rows than MAX_SEQ_Q: also the tensor-core form taking up to 16 (one m16 tile of plain heads)
-ROWS_VARIANTS = {"tc-rows16": {"TENSOR_CORES": True, "MAX_SEQ_Q": 16}}
+# kernels the decode kernel replaced; the decode kernel's two forms (``on_tensor_cores``; SIMT only up to MAX_SEQ_Q
+# query rows), one of them the default
+VARIANTS = {"prefill": {"fits": lambda *_: False}, "simt": {"on_tensor_cores": lambda *_: False},
+            "tc": {"on_tensor_cores": lambda *_: True}}
 # with ``--variants``, also the tensor-core form with one of its constants changed (to choose them, as
 # ``rerun/attention-decode-variants/`` chose the SIMT form's): ring steps, bytes of K per warp step, warps, CTAs per SM
-TC_VARIANTS = {f"tc-{name}": {"TENSOR_CORES": True, **patch} for name, patch in {
+TC_VARIANTS = {f"tc-{name}": {"on_tensor_cores": lambda *_: True, **patch} for name, patch in {
     "s2": {"TC_STAGES": 2}, "s4": {"TC_STAGES": 4}, "b8k": {"TC_STEP_BYTES": 8192}, "w8": {"TC_WARPS": 8},
     "waves4": {"WAVES": 4}}.items()}
 
@@ -82,13 +84,17 @@ def build(variants: dict) -> None:
     from unittest import mock
 
     from compiler import compile_model
+    from compiler.pipeline import Options
     from schedules.attention_cuda_decode import MAX_SEQ_Q
 
     def compile_all(name: str, patches: dict) -> None:
-        """The default package of ``name``'s model and one per variant (``patches``: variant -> (module of schedules,
-        its constants patched))."""
+        """The default package of ``name``'s model, the same replayed as one CUDA graph (``graph``: the launches cost
+        as in torch's graph), and one package per variant (``patches``: variant -> (module of schedules, its constants
+        patched))."""
         manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
         print(name, manifest["kernels"], flush=True)
+        graph = Options(cuda_graph=True)
+        compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-graph.tvmpkg", options=graph)
         for variant, (module, patch) in patches.items():
             with mock.patch.multiple(importlib.import_module(f"schedules.{module}"), **patch):
                 compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
@@ -96,7 +102,7 @@ def build(variants: dict) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
     for name, case in CASES.items():
         attention_model(BUILD / f"{name}.onnx", *case)
-        patches = {**variants, **(ROWS_VARIANTS if case[1] > MAX_SEQ_Q else {})}
+        patches = variants if case[1] <= MAX_SEQ_Q else {"prefill": variants["prefill"]}
         compile_all(name, {variant: ("attention_cuda_decode", patch) for variant, patch in patches.items()})
     for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
         attention_model(BUILD / f"{name}.onnx", b, s, s, h, hkv, d, past)
@@ -155,7 +161,7 @@ def run(out: Path) -> None:
                "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
                "kv_bytes": 2 * b * skv * hkv * d * 2}
         turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms}
-        built = [v for v in {**VARIANTS, **TC_VARIANTS, **ROWS_VARIANTS} if (BUILD / f"{name}-{v}.tvmpkg").exists()]
+        built = [v for v in ("graph", *VARIANTS, *TC_VARIANTS) if (BUILD / f"{name}-{v}.tvmpkg").exists()]
         for variant in built:
             other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
             rec[f"{variant}_rel_err"] = check(other, *case)[2]
@@ -173,8 +179,10 @@ def run(out: Path) -> None:
         time_all(rec, turns)
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
-        rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
-        rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]  # > 1: the tensor-core form is faster
+        rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]  # both replayed as graphs
+        rec["prefill_vs_tvmpipe"] = rec["tvmpipe-prefill_ms"] / rec["tvmpipe_ms"]
+        if "tvmpipe-simt_ms" in rec:  # > 1: the tensor-core form is faster
+            rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]
         print(json.dumps(rec), flush=True)
         save(rec)
     for name, (b, s, past, h, hkv, d) in STEP_CASES.items():
@@ -198,7 +206,7 @@ def run(out: Path) -> None:
         turns = {"torch": lambda: cuda_ms(step, repeat=REPEAT, warmup=5)}
         replay = graphed(step)
         turns["torch-graph"] = lambda: cuda_ms(replay, repeat=REPEAT, warmup=5)
-        for impl in ["tvmpipe", *(f"tvmpipe-{v}" for v in STEP_VARIANTS)]:
+        for impl in ["tvmpipe", *(f"tvmpipe-{v}" for v in ("graph", *STEP_VARIANTS))]:
             runner = load(str(BUILD / f"{name}{impl[len('tvmpipe'):]}.tvmpkg"))
             got = runner(**x)
             rec[f"{impl}_rel_err"] = float(np.linalg.norm(got["y"] - ref_y) / np.linalg.norm(ref_y))
@@ -208,7 +216,7 @@ def run(out: Path) -> None:
         time_all(rec, turns)
         rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]
         rec["concat-dlight_vs_tvmpipe"] = rec["tvmpipe-concat-dlight_ms"] / rec["tvmpipe_ms"]
-        rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe_ms"]
+        rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]
         print(json.dumps(rec), flush=True)
         save(rec)
     print(f"wrote {path}")

@@ -1,7 +1,7 @@
 """One CUDA attention kernel for any batch, query length and KV length, run on the GPU: a Relax module whose lengths
 are symbolic (what a decoder exported with dynamic axes needs; the ONNX frontend binds them, so no package is), compiled
 here for cuda-sm90 with its GPU code (cubin), then run there by the TVM runtime alone at prompt and decoding-step
-shapes, each checked against float64 (torch). Both forms of the decode kernel (``TENSOR_CORES``) are built.
+shapes, each checked against float64 (torch). Both forms of the decode kernel (``on_tensor_cores``) are built.
 
     python benchmarks/attention_symbolic_check.py --build           # here: build/gpu/attention-symbolic/*.so
     python3 benchmarks/attention_symbolic_check.py --run --out DIR  # GPU machine -> DIR/attention-symbolic-<gpu>.json
@@ -55,7 +55,7 @@ def build() -> None:
     info = targets.resolve("cuda-sm90")
     BUILD.mkdir(parents=True, exist_ok=True)
     for form in ("simt", "tc"):
-        with mock.patch.object(attention_cuda_decode, "TENSOR_CORES", form == "tc"):
+        with mock.patch.object(attention_cuda_decode, "on_tensor_cores", lambda *_: form == "tc"):
             mod, _ = passes.optimize(module(), info, legalize=schedules.legalizations())
             mod, chosen = schedules.apply(mod, info)
             assert "Attention" in chosen.values(), chosen

@@ -20,8 +20,9 @@ On CUDA cores (``simt_body``; any dtype, key rows in 16-byte loads over a power 
   rows in registers. With R rows every K and V element costs R FMAs each way: at 4 rows x 4 heads per K/V head the
   kernel is issue-bound (ncu: IPC 2.85, warps eligible but not selected).
 
-On tensor cores (``tc_body``, where ``TENSOR_CORES`` and ``tensor_cores``: fp16 / bf16, head dims 16..128 in steps of
-16, sm_80 on):
+On tensor cores (``tc_body``, where ``on_tensor_cores``: fp16 / bf16, head dims 16..128 in steps of 16, sm_80 on,
+and more than ``SIMT_ROWS`` rows per key/value head or key rows the SIMT form cannot split; with a query length known
+here, up to ``TC_MAX_SEQ_Q`` query rows per head):
 
 * the CTA's rows (up to 16) are one 16-row mma tile; each of its ``TC_WARPS`` warps streams its own ``BN`` keys per
   step (``TC_STEP_BYTES`` of K and of V) through its own ``TC_STAGES``-step cp.async ring (a ``__syncwarp`` per step,
@@ -40,7 +41,16 @@ from tvm.script import tirx as T
 from .attention import causal_offset, kernel_signature, static
 from .common import LOG2E, TC_DTYPES, ex2, mma_ops, row_copier, sm_count, sm_version, warp_shuffle_xor
 
-MAX_SEQ_Q = 4  # query rows per head up to which this kernel runs (prefill takes more, on tensor cores)
+# query rows per head up to which this kernel runs (the prefill kernels take more): the SIMT form, and either form at a
+# query length known only at run time (its grid and workspace are sized for the most rows)
+MAX_SEQ_Q = 4
+# ... the tensor-core form at a static query length: one m16 tile of a plain head's rows (speculative decoding's
+# draft tokens). H200, fp16 (benchmarks/results/rerun/attention-decode-forms/): 3.1x the prefill kernel at 8 rows x 4
+# heads per K/V head (batch 8 x 4096 keys), 1.6x at 16 rows of plain heads
+TC_MAX_SEQ_Q = 16
+# rows per key/value head up to which the SIMT form runs where both apply. Same runs: at 4 rows (4 grouped heads x 1
+# query row) and at 1, SIMT 1.02-1.08x the tensor-core form; at 16 rows the tensor-core form 2.5x SIMT
+SIMT_ROWS = 4
 NT = 128  # threads per CTA
 LANE_FLOATS = 64  # registers per lane for its slice of the CTA's output rows
 SCORES = 32  # registers per lane for a step's scores (keys x rows)
@@ -51,9 +61,6 @@ SCORES = 32  # registers per lane for a step's scores (keys x rows)
 LOADS = 4  # 16-byte loads of K (and as many of V) per lane per step
 STAGES = 3  # steps in each thread's cp.async ring
 WAVES = 2  # chunks aimed for: this many CTAs per SM in all
-# The tensor-core form where it applies (``tensor_cores``): emulated correct, not yet timed on a GPU (none was lent
-# since it was written); ``benchmarks/attention_decode.py`` times both forms side by side, to decide this.
-TENSOR_CORES = False
 TC_WARPS = 4  # warps per CTA of the tensor-core form, each streaming its own keys
 TC_STAGES = 3  # steps in each warp's cp.async ring
 TC_STEP_BYTES = 4096  # bytes of K (and as many of V) per warp step
@@ -89,13 +96,30 @@ def block_rows(spec) -> int:
     return min(most, group_rows(spec))
 
 
-def fits(spec, target: tvm.target.Target) -> bool:
-    """Few query rows per head (or a count known only at run time), and key rows that split into 16-byte loads over a
-    power of two of lanes or (``TENSOR_CORES``) a tensor-core form."""
-    few = not isinstance(spec.seq_q, int) or spec.seq_q <= MAX_SEQ_Q
+def simt_fits(spec) -> bool:
+    """Whether the SIMT form takes ``spec``'s key rows: 16-byte loads over a power of two of lanes, each lane's slice
+    of a row's output in ``LANE_FLOATS`` registers."""
     shape = layout(spec)
-    simt = shape is not None and shape[0] * shape[2] <= LANE_FLOATS
-    return few and (simt or TENSOR_CORES and tensor_cores(spec, target))
+    return shape is not None and shape[0] * shape[2] <= LANE_FLOATS
+
+
+def max_seq_q(spec, target: tvm.target.Target) -> int:
+    """Query rows per head up to which the decode kernel runs: ``TC_MAX_SEQ_Q`` at a static query length on tensor
+    cores, else ``MAX_SEQ_Q``."""
+    return TC_MAX_SEQ_Q if isinstance(spec.seq_q, int) and tensor_cores(spec, target) else MAX_SEQ_Q
+
+
+def fits(spec, target: tvm.target.Target) -> bool:
+    """Few query rows per head (``max_seq_q``, or a count known only at run time) in a form that takes the key rows."""
+    few = not isinstance(spec.seq_q, int) or spec.seq_q <= max_seq_q(spec, target)
+    return few and (simt_fits(spec) or tensor_cores(spec, target))
+
+
+def on_tensor_cores(spec, target: tvm.target.Target) -> bool:
+    """Whether the decode kernel for ``spec`` (``fits``) takes the tensor-core form: where it applies and there are
+    more than ``SIMT_ROWS`` rows per key/value head (SIMT spends an FMA per row on every element of K and V), or the
+    SIMT form cannot split the key rows."""
+    return tensor_cores(spec, target) and (group_rows(spec) > SIMT_ROWS or not simt_fits(spec))
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -104,9 +128,8 @@ def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
 
 
 def body(spec, target: tvm.target.Target):
-    """The decode kernel's body, a TVMScript macro ``(q, k, v, bias, out)``: on tensor cores where ``TENSOR_CORES``
-    and ``tensor_cores`` allow, else on CUDA cores."""
-    return tc_body(spec) if TENSOR_CORES and tensor_cores(spec, target) else simt_body(spec)
+    """The decode kernel's body, a TVMScript macro ``(q, k, v, bias, out)``, in the form ``on_tensor_cores`` picks."""
+    return tc_body(spec) if on_tensor_cores(spec, target) else simt_body(spec)
 
 
 class Chunks:

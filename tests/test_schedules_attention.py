@@ -380,22 +380,22 @@ DECODE_CASES = {
     "fp16-d16-32-rows-bottom-right": (1, 4, 200, 8, 1, 16, "float16", None, "BottomRight"),
     # 6 k-steps a row, no split into lanes (tensor cores only)
     "bf16-d96-key-bias": (1, 2, 1000, 4, 2, 96, "bfloat16", (1, 1, 2, 1000), None),
+    # more query rows than the SIMT form takes (draft tokens of speculative decoding; tensor cores only): 11 rows x 2
+    # heads, a bias per row, causal from the bottom right: row blocks of 16 and 6
+    "fp16-d64-11-rows-row-bias-bottom-right": (2, 11, 260, 4, 2, 64, "float16", (2, 4, 11, 260), "BottomRight"),
 }
 
 
 def decode_forms(case) -> list[str]:
     """The forms of the decode kernel that take ``case`` on sm_90: the SIMT one where its key rows split over lanes
-    (``fits`` with ``TENSOR_CORES`` off), the tensor-core one where ``tensor_cores`` allows."""
-    from unittest import mock
-
+    and the query rows are few enough for it, the tensor-core one where ``tensor_cores`` allows."""
     from schedules import attention_cuda_decode
     from schedules.attention import AttentionSpec
 
     b, sq, skv, h, hkv, d, dtype = case[:7]
     spec = AttentionSpec(b, sq, skv, h, hkv, d, d, dtype, 1.0, "none", None, None)
     target = targets.resolve("cuda-sm90").target
-    with mock.patch.object(attention_cuda_decode, "TENSOR_CORES", False):
-        simt = attention_cuda_decode.fits(spec, target)
+    simt = attention_cuda_decode.simt_fits(spec) and sq <= attention_cuda_decode.MAX_SEQ_Q
     return ["simt"] * simt + ["tc"] * attention_cuda_decode.tensor_cores(spec, target)
 
 
@@ -404,7 +404,7 @@ def decode_form(request, monkeypatch):
     """Builds in the decode kernel's form ``request.param``; returns the name of the CTA's block in that form."""
     from schedules import attention_cuda_decode
 
-    monkeypatch.setattr(attention_cuda_decode, "TENSOR_CORES", request.param == "tc")
+    monkeypatch.setattr(attention_cuda_decode, "on_tensor_cores", lambda *_: request.param == "tc")
     return "attention_decode_tc" if request.param == "tc" else "attention_decode"
 
 
@@ -507,43 +507,46 @@ def test_cuda_decode_kernel_float32_min_mask(rng):
     assert_close(arrays["out"], ref, "float32")
 
 
-def test_cuda_decode_kernel_where_few_rows_per_head(monkeypatch):
-    """Up to 4 query rows per head whose K/V rows split into 16-byte loads over a power of two of lanes take the decode
-    kernel; other shapes the prefill kernels; a query length known only at run time, both (chosen per call). With
-    ``TENSOR_CORES``, fp16 / bf16 head dims in k-steps of 16 up to 128 take its tensor-core form (sm_80 on)."""
-    from schedules import attention_cuda_decode
+def test_cuda_decode_kernel_where_few_rows_per_head():
+    """The decode kernel takes up to 4 query rows per head, or on tensor cores (fp16 / bf16, head dims in k-steps of 16
+    up to 128, sm_80 on) up to 16 at a query length known here; its tensor-core form where there are more than 4 rows
+    per key/value head or the SIMT form cannot split a key row over lanes. More rows take the prefill kernels; a query
+    length known only at run time, both (chosen per call)."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import kernel
     from schedules.attention_cuda_decode import fits
 
-    def spec(sq, d=128, dtype="float16", skv=512):
-        return AttentionSpec(1, sq, skv, 8, 2, d, d, dtype, 0.1, "none", None, None)
+    def spec(sq, d=128, dtype="float16", skv=512, kv_heads=2):
+        return AttentionSpec(1, sq, skv, 8, kv_heads, d, d, dtype, 0.1, "none", None, None)
 
     n = tvm.tirx.Var("n", "int64")
     target, sm80 = (targets.resolve(name).target for name in ("cuda-sm90", "cuda-sm80"))
     sm70 = tvm.target.Target({**sm80.export(), "arch": "sm_70"})
 
-    def kernels(sq, *args, on=target) -> set[str]:
-        script = kernel(spec(sq, *args), on).script()
-        return {name for name, block in (("decode", 'sblock("attention_decode")'), ("tc", "attention_decode_tc"),
-                                         ("prefill", "flash_attention")) if block in script}
+    def kernels(*args, on=target, **kwargs) -> set[str]:
+        script = kernel(spec(*args, **kwargs), on).script()
+        return {name for name, block in (("simt", 'sblock("attention_decode")'), ("tc", "attention_decode_tc"),
+                                         ("prefill", "flash_attention"), ("prefill", "attention_simt"))
+                if block in script}
 
-    for tc in (False, True):
-        monkeypatch.setattr(attention_cuda_decode, "TENSOR_CORES", tc)
-        assert all(fits(spec(sq), target) for sq in (1, 2, 4, n)) and not fits(spec(5), target)
-        assert fits(spec(1, 256, "float32"), target) and fits(spec(1, 8), target) and not fits(spec(1, 24), target)
-        assert fits(spec(1, 96), target) == fits(spec(1, 96, "bfloat16"), sm80) == tc and not fits(spec(1, 96), sm70)
-        decode = "tc" if tc else "decode"
-        assert kernels(1) == {decode} and kernels(5) == {"prefill"} and kernels(n) == {decode, "prefill"}
-        assert kernels(1, 128, "float32") == kernels(1, 256) == kernels(1, 128, "float16", 512, on=sm70) == {"decode"}
-        # keys in chunks over the GPU, merged by a second kernel; keys for one step of a CTA: one chunk, no merge
-        assert "attention_decode_combine" in kernel(spec(1), target).script()
-        assert "attention_decode_combine" not in kernel(spec(1, skv=30), target).script()
+    # 4 heads a key/value head: 4 rows at one query row, 8 at two
+    assert kernels(1) == kernels(2, on=sm70) == {"simt"} and kernels(2) == kernels(16) == {"tc"}
+    assert kernels(17) == kernels(5, on=sm70) == kernels(5, 128, "float32") == {"prefill"}
+    assert kernels(4, kv_heads=8) == {"simt"} and kernels(5, kv_heads=8) == {"tc"}  # plain heads
+    assert kernels(1, 96) == kernels(1, 96, "bfloat16", on=sm80) == {"tc"}  # 12 loads a row: no power of two of lanes
+    assert kernels(1, 128, "float32") == kernels(1, 256) == {"simt"}  # no tensor cores
+    assert not fits(spec(1, 96), sm70) and not fits(spec(1, 24), target)
+    assert kernels(n) == {"tc", "prefill"} and kernels(n, kv_heads=8) == {"simt", "prefill"}
+    # keys in chunks over the GPU, merged by a second kernel; keys for one step of a CTA: one chunk, no merge
+    for sq in (1, 2):
+        assert "attention_decode_combine" in kernel(spec(sq), target).script()
+        assert "attention_decode_combine" not in kernel(spec(sq, skv=30), target).script()
 
 
 def test_cuda_tensor_core_fully_masked_rows(rng):
-    b, sq, skv, h, d = 1, 9, 150, 2, 64
+    b, sq, skv, h, d = 1, 19, 150, 2, 64  # more query rows than the decode kernel takes: the prefill kernel
     func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv)))
+    assert "flash_attention" in func.script()
     arrays = inputs(rng, b, sq, skv, h, h, d, "float16")
     arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv).astype(np.float16)
     arrays["out"] = np.zeros_like(arrays["q"])
