@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from .errors import TvmpipeError
+from .passes.util import private, users
 from .targets import TargetInfo
 
 PRECISIONS = ("fp32", "fp16")
@@ -64,10 +65,41 @@ def fold_scalar_casts(func: relax.Function, mod: tvm.IRModule, ctx: tvm.transfor
     return rewrite_call(is_op("relax.astype")(is_const()), rewrite, func)
 
 
+# float casts that lose precision (a cast placed earlier converts the same values: the result is identical)
+_NARROWING = {"float32": ("float16", "bfloat16")}
+
+
+@relax.transform.function_pass(opt_level=0, name="CastBeforeLayout")
+def cast_before_layout(func: relax.Function, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> relax.Function:
+    """``astype(L(x), narrower)`` -> ``L(astype(x, narrower))`` for the layout ops L (expand_dims, broadcast_to,
+    reshape, permute_dims), where only the cast reads ``L(x)``.
+
+    ToMixedPrecision casts an fp16 op's operand where the op reads it: after transformers' ``repeat_kv`` (expand_dims,
+    broadcast_to, reshape) of a float32 KV cache and the transposes of attention. There the attention pass, which
+    reads grouped heads and the cache's layout through layout ops only, saw a cast and fused attention over a copy of
+    the cache repeated to every query head and transposed; cast first, it reads one cast copy of the cache in place.
+    Casting before a broadcast also converts fewer elements. Exact: the same values are converted.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    uses = users(func)
+    layout = (is_op("relax.expand_dims")(wildcard()) | is_op("relax.permute_dims")(wildcard())
+              | is_op("relax.broadcast_to")(wildcard(), wildcard()) | is_op("relax.reshape")(wildcard(), wildcard()))
+
+    def rewrite(call: relax.Call, match: dict) -> relax.Expr:
+        shaped, dtype = match[layout], str(call.attrs.dtype)
+        x = shaped.args[0]
+        if dtype not in _NARROWING.get(str(x.ty.dtype), ()) or not private(call.args[0], uses):
+            return call
+        return relax.Call(shaped.op, [relax.op.astype(x, dtype), *shaped.args[1:]], shaped.attrs)
+
+    return rewrite_call(is_op("relax.astype")(layout), rewrite, func)
+
+
 def apply(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     """Rewrite ``mod`` for ``precision`` (before the graph passes, which then fold the weight casts)."""
     if precision == "fp32":
         return mod
     return tvm.transform.Sequential(
-        [clip_as_min_max, relax.transform.ToMixedPrecision(out_dtype="float32"), fold_scalar_casts]
+        [clip_as_min_max, relax.transform.ToMixedPrecision(out_dtype="float32"), cast_before_layout, fold_scalar_casts]
     )(mod)

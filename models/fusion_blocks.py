@@ -207,3 +207,34 @@ def encoder_block(b: int = 1, seq: int = 64, h: int = 4, d: int = 16, layout: st
         gelu = g.n("Mul", [g.n("Mul", [hid, g.n("Add", [erf, g.c(np.float32(1))])]), g.c(np.float32(0.5))])
         x = g.n("Add", [x, g.linear(gelu, mlp * e, e)])
     return g.model([x])
+
+
+def kv_cache_step(form: str, s: int = 3, d: int = 8) -> onnx.ModelProto:
+    """A decoding step of grouped-query heads (``s`` new tokens): new keys concatenated to the K/V cache (also returned),
+    each K/V head repeated to its group of query heads as transformers writes it (``repeat_kv``), as PyTorch's dynamo
+    exporter writes SDPA's ``enable_gqa`` (``dynamo_sdpa``), or the other way round (``interleaved``)."""
+    b, past, h, g = 2, 11, 6, 2
+    keys, e, r = past + s, h * d, h // g
+    gr = Graph()
+    x, bias = gr.input("x", [b, s, e]), gr.input("bias", [b, 1, s, keys])
+
+    def heads(t, n):  # [b, s, n * d] -> [b, n, s, d]
+        return gr.n("Transpose", [gr.n("Reshape", [t, gr.c(np.array([b, s, n, d]))])], perm=[0, 2, 1, 3])
+
+    def cached(name, shape):  # (the cache with the new keys, repeated to the query heads, reshaped to ``shape``)
+        full = gr.n("Concat", [gr.input(f"past_{name}", [b, g, past, d]), heads(gr.linear(x, e, g * d), g)], axis=2)
+        axis, expanded = (1, [b, r, g, keys, d]) if form == "interleaved" else (2, [b, g, r, keys, d])
+        unit = gr.n("Unsqueeze", [full, gr.c(np.array(axis if form == "dynamo_sdpa" else [axis]))])
+        return full, gr.n("Reshape", [gr.n("Expand", [unit, gr.c(np.array(expanded))]), gr.c(np.array(shape))])
+
+    if form == "dynamo_sdpa":
+        k_full, k = cached("k", [b * h, keys, d])
+        kt = gr.n("Reshape", [gr.n("Transpose", [k], perm=[0, 2, 1]), gr.c(np.array([b, h, d, keys]))])
+    else:
+        k_full, k = cached("k", [b, h, keys, d])
+        kt = gr.n("Transpose", [k], perm=[0, 1, 3, 2])
+    v_full, v = cached("v", [b, h, keys, d])
+    scores = gr.n("Div", [gr.n("MatMul", [heads(gr.linear(x, e, e), h), kt]), gr.c(np.float32(np.sqrt(d)))])
+    p = gr.n("Softmax", [gr.n("Add", [scores, bias])], axis=-1)
+    o = gr.n("Reshape", [gr.n("Transpose", [gr.n("MatMul", [p, v])], perm=[0, 2, 1, 3]), gr.c(np.array([b, s, e]))])
+    return gr.model([gr.linear(o, e, e), k_full, v_full])

@@ -188,43 +188,12 @@ def test_attention_recognised(capsys, tmp_path, rng, layout, sk, op, causal):
     assert (f'causal_mask="{causal}"' if causal else "causal_mask=None") in fused
 
 
-def kv_cache_step(form: str, s: int = 3, d: int = 8):
-    """A decoding step of grouped-query heads (``s`` new tokens): new keys concatenated to the K/V cache (also returned),
-    each K/V head repeated to its group of query heads as transformers writes it (``repeat_kv``), as PyTorch's dynamo
-    exporter writes SDPA's ``enable_gqa`` (``dynamo_sdpa``), or the other way round (``interleaved``)."""
-    b, past, h, g = 2, 11, 6, 2
-    keys, e, r = past + s, h * d, h // g
-    gr = blocks.Graph()
-    x, bias = gr.input("x", [b, s, e]), gr.input("bias", [b, 1, s, keys])
-
-    def heads(t, n):  # [b, s, n * d] -> [b, n, s, d]
-        return gr.n("Transpose", [gr.n("Reshape", [t, gr.c(np.array([b, s, n, d]))])], perm=[0, 2, 1, 3])
-
-    def cached(name, shape):  # (the cache with the new keys, repeated to the query heads, reshaped to ``shape``)
-        full = gr.n("Concat", [gr.input(f"past_{name}", [b, g, past, d]), heads(gr.linear(x, e, g * d), g)], axis=2)
-        axis, expanded = (1, [b, r, g, keys, d]) if form == "interleaved" else (2, [b, g, r, keys, d])
-        unit = gr.n("Unsqueeze", [full, gr.c(np.array(axis if form == "dynamo_sdpa" else [axis]))])
-        return full, gr.n("Reshape", [gr.n("Expand", [unit, gr.c(np.array(expanded))]), gr.c(np.array(shape))])
-
-    if form == "dynamo_sdpa":
-        k_full, k = cached("k", [b * h, keys, d])
-        kt = gr.n("Reshape", [gr.n("Transpose", [k], perm=[0, 2, 1]), gr.c(np.array([b, h, d, keys]))])
-    else:
-        k_full, k = cached("k", [b, h, keys, d])
-        kt = gr.n("Transpose", [k], perm=[0, 1, 3, 2])
-    v_full, v = cached("v", [b, h, keys, d])
-    scores = gr.n("Div", [gr.n("MatMul", [heads(gr.linear(x, e, e), h), kt]), gr.c(np.float32(np.sqrt(d)))])
-    p = gr.n("Softmax", [gr.n("Add", [scores, bias])], axis=-1)
-    o = gr.n("Reshape", [gr.n("Transpose", [gr.n("MatMul", [p, v])], perm=[0, 2, 1, 3]), gr.c(np.array([b, s, e]))])
-    return gr.model([gr.linear(o, e, e), k_full, v_full])
-
-
 @pytest.mark.parametrize("form", ["repeat_kv", "dynamo_sdpa", "interleaved"])
 def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
     """One attention kernel reads a decoding step's grouped heads as they are, and no repeated copy is made; repeated
     the other way round (query head h reading K/V head h % g, which is not grouped-query attention) the repeat stays.
     The kernel reads K and V in the cache's [batch, heads, seq, dim], so they are not transposed to its layout either."""
-    ks = check(capsys, tmp_path, kv_cache_step(form), rng)
+    ks = check(capsys, tmp_path, blocks.kv_cache_step(form), rng)
     ops = [op for k in ks for op in k["ops"]]
     assert ops.count("relax.nn.attention_bias") == 1 and "relax.nn.softmax" not in ops, ks
     assert ("relax.broadcast_to" in ops) == (form == "interleaved"), ks
@@ -232,21 +201,30 @@ def test_attention_kv_cache_heads_stay_grouped(capsys, tmp_path, rng, form):
     assert form == "interleaved" or not any(k["ops"] == ["relax.permute_dims"] for k in ks), ks
 
 
+@pytest.mark.parametrize("fp16", ["model", "--precision"])
 @pytest.mark.parametrize("s, layout", [(3, "BHSD"), (40, "BSNH")])
-def test_cuda_decode_kernel_reads_kv_cache_in_place(tmp_path, s, layout):
+def test_cuda_decode_kernel_reads_kv_cache_in_place(tmp_path, s, layout, fp16):
     """For CUDA, a float16 decoding step's K and V reach the decode kernel as the cache holds them (no transposed
-    copy); with 40 new tokens the prefill kernel takes them, in its own layout (transposed)."""
+    copy); with 40 new tokens the prefill kernel takes them, in its own layout (transposed). A float16 model, or a
+    float32 one compiled with ``--precision fp16`` (whose float32 cache is cast once, not repeated per query head)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     from compiler import pipeline
+    from compiler.pipeline import Options
     from schedules.attention import KV_LAYOUT_ATTR
 
-    model = convert_float_to_float16(kv_cache_step("repeat_kv", s, d=32), keep_io_types=False)
-    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90")
+    model = blocks.kv_cache_step("repeat_kv", s, d=32)
+    if fp16 == "model":
+        model = convert_float_to_float16(model, keep_io_types=False)
+    options = Options(precision="fp16" if fp16 == "--precision" else "fp32")
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90", None, options)
     (attention,) = [f for g, f in prep.mod.functions.items() if prep.hand.get(g.name_hint) == "Attention"]
     assert str(attention.attrs.get(KV_LAYOUT_ATTR, "BSNH")) == layout
-    transposes = {g.name_hint for g, f in prep.mod.functions.items()
-                  if f.attrs is not None and list(f.attrs.get("tvmpipe.ops", [])) == ["relax.permute_dims"]}
+    ops = {g.name_hint: list(f.attrs["tvmpipe.ops"]) for g, f in prep.mod.functions.items()
+           if f.attrs is not None and "tvmpipe.ops" in f.attrs}
+    assert not any("relax.broadcast_to" in k for k in ops.values()), ops
+    transposes = {name for name, k in ops.items() if "relax.permute_dims" in k and set(k) <= {"relax.permute_dims",
+                                                                                             "relax.astype"}}
     calls = [f for f in re.findall(r"R\.call_tir\((\w+),", prep.mod["main"].script()) if f in transposes]
     assert len(calls) == (2 if layout == "BSNH" else 0), calls
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper
 
 from compiler import frontend, passes, precision, targets
 from compiler.build import build
 from tests.helpers import make_model, ort_run, rel_err, run_cli, save
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "models"))
+import fusion_blocks as blocks  # noqa: E402
 
 
 def _conv_clip_matmul(rng) -> onnx.ModelProto:
@@ -72,3 +78,67 @@ def test_cuda_fp16_graph_recorded_in_manifest(capsys, tmp_path, rng):
     assert manifest["options"]["precision"] == "fp16" and manifest["options"]["cuda_graph"] is True
     assert manifest["inputs"] == [{"name": "x", "shape": [2, 3, 9, 9], "dtype": "float32"}]
     assert manifest["gpu_code"]["images"][0] == "sm_90a cubin"
+
+
+def test_cast_before_layout_moves_narrowing_casts_up():
+    """A float32 -> float16 cast of layout ops (a repeat_kv, a transpose) moves above them; a widening cast, and one
+    of a layout op that something else reads too, stay where they are."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    @R.function
+    def before(x: R.Tensor((2, 3, 4), "float32"), y: R.Tensor((2, 3), "float16")):
+        with R.dataflow():
+            e = R.expand_dims(x, axis=[1])
+            b = R.broadcast_to(e, R.shape([2, 5, 3, 4]))
+            r = R.reshape(b, R.shape([10, 3, 4]))
+            t = R.permute_dims(r, axes=[0, 2, 1])
+            c = R.astype(t, "float16")
+            w = R.astype(R.permute_dims(y, axes=[1, 0]), "float32")  # widening
+            s = R.permute_dims(x, axes=[2, 1, 0])
+            shared = (R.astype(s, "float16"), R.add(s, s))  # the transposed x is read twice
+            R.output(c, w, shared)
+        return c, w, shared
+
+    @R.function
+    def after(x: R.Tensor((2, 3, 4), "float32"), y: R.Tensor((2, 3), "float16")):
+        with R.dataflow():
+            c = R.permute_dims(R.reshape(R.broadcast_to(R.expand_dims(R.astype(x, "float16"), axis=[1]),
+                                                        R.shape([2, 5, 3, 4])), R.shape([10, 3, 4])), axes=[0, 2, 1])
+            w = R.astype(R.permute_dims(y, axes=[1, 0]), "float32")
+            s = R.permute_dims(x, axes=[2, 1, 0])
+            shared = (R.astype(s, "float16"), R.add(s, s))
+            R.output(c, w, shared)
+        return c, w, shared
+
+    def module(func: relax.Function) -> tvm.IRModule:
+        return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+    tvm.ir.assert_structural_equal(precision.cast_before_layout(module(before)), module(after))
+
+
+def test_fp16_kv_cache_step_casts_the_cache_once(tmp_path, rng):
+    """A float32 decoding step (transformers' repeat_kv) in fp16: the attention kernel reads one float16 cast of the
+    cache, not a copy repeated to every query head (built for the CPU here; the rewrite does not depend on the
+    target); outputs and the returned cache within fp16 accuracy of onnxruntime's float32."""
+    from tvm.runtime.vm import VirtualMachine
+
+    from compiler import schedules
+
+    src = save(blocks.kv_cache_step("repeat_kv", 3, d=32), tmp_path / "m.onnx")
+    info = targets.resolve("cpu")
+    mod = precision.apply(frontend.load(src).mod, "fp16")
+    mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations())
+    ops = [list(f.attrs["tvmpipe.ops"]) for f in mod.functions.values()
+           if f.attrs is not None and "tvmpipe.ops" in f.attrs]
+    assert ["relax.astype"] in ops and not any("relax.broadcast_to" in k for k in ops), ops
+    mod, chosen = schedules.apply(mod, info)
+    assert "Attention" in chosen.values(), chosen
+    vm = VirtualMachine(build(mod, info).exe, tvm.cpu())
+    b, s, past, g, d = 2, 3, 11, 2, 32
+    x = {"x": rng.standard_normal((b, s, 6 * d)), "bias": rng.standard_normal((b, 1, s, past + s)),
+         "past_k": rng.standard_normal((b, g, past, d)), "past_v": rng.standard_normal((b, g, past, d))}
+    x = {n: a.astype(np.float32) for n, a in x.items()}
+    ours = vm["main"](*(tvm.runtime.tensor(a) for a in x.values()))
+    for got, ref in zip(ours, ort_run(src, x).values()):
+        assert got.numpy().dtype == np.float32 and rel_err(got.numpy(), ref) < 1e-2
