@@ -146,9 +146,6 @@ class TileConfig:
     # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor
     # cores run it under the epilogue and the change of item instead of after them
     carry: bool = False
-    # carried, that Q·Kᵀ issued only once the last P·V is done (and its stage released), still before the epilogue: it
-    # then does not queue ahead of the other warpgroups' last P·V (a guess at why carrying lost without ping-pong)
-    carry_late: bool = False
 
     @property
     def name(self) -> str:
@@ -157,7 +154,7 @@ class TileConfig:
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
-                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'L' if self.carry_late else ''}")
+                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -306,7 +303,6 @@ def mma_body(spec, cfg: TileConfig):
     PS = PC > 0
     PEEL = WS and cfg.peel  # (see TileConfig.peel)
     CARRY = PS and PEEL and cfg.carry  # (see TileConfig.carry)
-    LATE = CARRY and cfg.carry_late  # (see TileConfig.carry_late)
     Q_OFF, K_OFF = 0, QB * BM * RS  # in one shared buffer (elements): Q buffers, K stages, V stages
     V_OFF = K_OFF + stages * BN * RS
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows (not persistent)
@@ -342,7 +338,6 @@ def mma_body(spec, cfg: TileConfig):
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
-    assert not cfg.carry_late or cfg.carry, "the carried S issued late: a carried S"
     assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -680,20 +675,18 @@ def mma_body(spec, cfg: TileConfig):
         @T.inline
         def last_tile(j):
             """Key tile j, the item's last (``PEEL``): O rescaled and P·V (``CARRY``: then the next item's first S, right
-            behind it or, ``LATE``, once it is done)."""
+            behind it)."""
             cur = T.meta_var(ring(kv0 + j, stages))
             my_turn()
             rescale_o()
             pv_wgmma(cur[0] * (BN * RS))
-            if CARRY and not LATE:
+            if CARRY:
                 first_s(qi + 1, kv0 + n_kv, qi + 1 < cta_items(bx0))
             your_turn()
-            T.ptx["wgmma.wait_group.sync.aligned"](1 if CARRY and not LATE else 0)  # (groups retire in order: P·V is done)
+            T.ptx["wgmma.wait_group.sync.aligned"](1 if CARRY else 0)  # (groups retire in order: P·V is done)
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             release_stage(cur[0])
-            if LATE:
-                first_s(qi + 1, kv0 + n_kv, qi + 1 < cta_items(bx0))
 
         @T.inline
         def release_stage(s):  # TMA: this warp is done with K/V stage s

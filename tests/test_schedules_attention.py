@@ -292,11 +292,6 @@ TILE_CONFIGS = {
     "wgmma-tma-persistent-carry-2q-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
                                                     persistent=4, q_bufs=2, pingpong=True, lpt_heads=2, carry=True),
                                                (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
-    # ... that S issued once the last P·V is done (``carry_late``)
-    "wgmma-tma-persistent-carry-late-2q-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
-                                                         persistent=4, q_bufs=2, pingpong=True, lpt_heads=2, carry=True,
-                                                         carry_late=True),
-                                                    (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
     "wgmma-tma-persistent-unpeeled": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True, persistent=3,
                                            peel=False),
                                       (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
@@ -309,7 +304,7 @@ TILE_CONFIGS = {
 # options only the benchmark's variants take (``choose`` never does): not in CI's `make test`, in `make test-all`
 BENCHMARK_ONLY = {"8-warps-pingpong-lpt-off", "16-row-warps-2-ctas-q-regs", "wgmma-2-groups-causal", "exp2f",
                   "wgmma-per-group-diagonals-d128", "wgmma-unswizzled", "wgmma-tma-2-groups", "wgmma-tma-3-groups-causal",
-                  "wgmma-tma-persistent-unpeeled", "wgmma-tma-persistent-carry-late-2q-pingpong"}
+                  "wgmma-tma-persistent-unpeeled"}
 
 
 @pytest.mark.parametrize("cfg, case", [pytest.param(*c, id=n, marks=pytest.mark.slow if n in BENCHMARK_ONLY else ())
