@@ -11,6 +11,7 @@ import contextlib
 import io
 
 import onnx
+import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as upstream
 
@@ -53,6 +54,25 @@ class _Importer(upstream.ONNXGraphImporter):
             raise TvmpipeError(f"cannot import node '{node}' ({op_name}, opset {opset}): {msg}") from err
 
 
+@relax.transform.function_pass(opt_level=0, name="ClipTakes")
+def clip_takes(func: relax.Function, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> relax.Function:
+    """Every ``take`` in "clip" mode (indices clamped to the axis), not the importer's "fast" (unchecked).
+
+    The importer has already made ONNX's negative indices positions, so valid indices read the same elements;
+    an invalid one that the runtime's input checks cannot see (a computed index) reads an edge row instead of
+    outside the buffer. And TVM logs "Fast mode segfaults when there are out-of-bounds indices" from C++ at
+    every legalisation of a fast take (FoldConstant legalises too): raw log lines in every user's compile.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def rewrite(call: relax.Call, _) -> relax.Expr:
+        if str(call.attrs.mode) != "fast":
+            return call
+        return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
+
+    return rewrite_call(is_op("relax.take")(wildcard(), wildcard()), rewrite, func)
+
+
 def import_model(model: onnx.ModelProto, opset: int, shapes: dict[str, list[int]], dtypes: dict[str, str]):
     """ONNX -> Relax IRModule with weights as constants."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -62,4 +82,4 @@ def import_model(model: onnx.ModelProto, opset: int, shapes: dict[str, list[int]
     importer = _Importer(shapes, dtypes, keep_params_in_input=False, sanitize=True)
     # The upstream importer prints the failing op's inputs to stdout before re-raising; keep stdout clean.
     with contextlib.redirect_stdout(io.StringIO()):
-        return importer.from_onnx(model.graph, opset)
+        return clip_takes(importer.from_onnx(model.graph, opset))

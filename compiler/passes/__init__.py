@@ -39,6 +39,8 @@ FUSION_LEVELS = ("tvmpipe", "tvm", "none")
 
 # tvmpipe's own graph passes, applied before lowering at fusion level "tvmpipe": (name, pass factory).
 GRAPH_PASSES: list[tuple[str, Callable]] = [
+    # first: FoldConstant legalises ``pow``, and TVM logs a warning from C++ at each legalisation of an exponent >= 3
+    ("ExpandSmallPowers", ExpandSmallPowers),
     ("FoldConstant", relax.transform.FoldConstant),
     ("DeadCodeElimination", relax.transform.DeadCodeElimination),
     ("TakeAsSlice", TakeAsSlice),
@@ -47,7 +49,6 @@ GRAPH_PASSES: list[tuple[str, Callable]] = [
     ("SimplifyLayout", SimplifyLayout),
     ("FuseAttention", FuseAttention),
     ("SimplifyLayout", SimplifyLayout),  # the transposes around the attention op cancel the exporter's
-    ("ExpandSmallPowers", ExpandSmallPowers),
     ("SinkReshapes", SinkReshapes),
     ("RemoveRedundantReshape", relax.transform.RemoveRedundantReshape),
     ("FoldConstant", relax.transform.FoldConstant),
