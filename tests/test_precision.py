@@ -142,3 +142,36 @@ def test_fp16_kv_cache_step_casts_the_cache_once(tmp_path, rng):
     ours = vm["main"](*(tvm.runtime.tensor(a) for a in x.values()))
     for got, ref in zip(ours, ort_run(src, x).values()):
         assert got.numpy().dtype == np.float32 and rel_err(got.numpy(), ref) < 1e-2
+
+
+def test_fp16_attention_keeps_a_float32_mask(tmp_path, rng):
+    """T5's attention under mixed precision: float16 scores plus a float16 position bias, then a float32 mask
+    (Where(keep, 0, -FLT_MAX)) added in float32. One attention kernel, whose bias stays float32: a query row masked
+    everywhere gets the mean of V as in onnxruntime's float32 graph, the rest within fp16 accuracy (built for the CPU
+    here; the CUDA kernels read such a bias too, test_schedules_attention). The fusion raised a dtype error before."""
+    from tvm.runtime.vm import VirtualMachine
+
+    from compiler import schedules
+
+    b, s, h, d = 2, 20, 4, 32
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]), helper.make_node("Add", ["scores", "pos"], ["z0"]),
+             helper.make_node("Where", ["keep", "zero", "fmin"], ["mask"]), helper.make_node("Add", ["z0", "mask"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"]),
+             helper.make_node("MatMul", ["o", "w"], ["y"])]  # (a float16 consumer, as the next layer is)
+    inits = {"pos": rng.standard_normal((1, h, s, s)).astype(np.float32), "w": rng.standard_normal((d, d)).astype(np.float32),
+             "zero": np.array(0.0, np.float32), "fmin": np.array(np.finfo(np.float32).min, np.float32)}
+    ins = [(n, TensorProto.FLOAT, [b, h, s, d]) for n in "qkv"] + [("keep", TensorProto.BOOL, [b, 1, s, s])]
+    src = save(make_model(nodes, ins, [("y", TensorProto.FLOAT, [b, h, s, d])], inits), tmp_path / "t5.onnx")
+    info = targets.resolve("cpu")
+    mod, _ = passes.optimize(precision.apply(frontend.load(src).mod, "fp16"), info, legalize=schedules.legalizations())
+    (attention,) = [f for f in mod.functions.values()
+                    if f.attrs is not None and list(f.attrs.get("tvmpipe.ops", [])) == ["relax.nn.attention_bias"]]
+    assert [str(p.ty.dtype) for p in attention.params] == ["float16"] * 3 + ["float32", "float16"]  # q k v bias out
+    vm = VirtualMachine(build(schedules.apply(mod, info)[0], info).exe, tvm.cpu())
+    x = {n: rng.standard_normal((b, h, s, d)).astype(np.float32) for n in "qkv"}
+    x["keep"] = np.tril(np.ones((s, s), bool))[None, None].repeat(b, 0)
+    x["keep"][1, :, :, 15:] = False  # padding
+    x["keep"][1, :, 3] = False  # query row 3 sees no key
+    ours = vm["main"](*(tvm.runtime.tensor(a) for a in x.values())).numpy()
+    assert rel_err(ours, ort_run(src, x)["y"]) < 1e-2

@@ -31,13 +31,14 @@ NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat
 TOL = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2}
 
 
-def attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape=None, causal=None, scale=None, dv=None) -> tvm.IRModule:
-    """``main(q, k, v[, bias]) = R.nn.attention(...)``, BSNH."""
+def attention_module(b, sq, skv, h, hkv, d, dtype, bias_shape=None, causal=None, scale=None, dv=None,
+                     bias_dtype=None) -> tvm.IRModule:
+    """``main(q, k, v[, bias]) = R.nn.attention(...)``, BSNH; the bias in ``dtype`` unless ``bias_dtype``."""
     bb = relax.BlockBuilder()
     q = relax.Var("q", R.Tensor((b, sq, h, d), dtype))
     k = relax.Var("k", R.Tensor((b, skv, hkv, d), dtype))
     v = relax.Var("v", R.Tensor((b, skv, hkv, dv or d), dtype))
-    params = [q, k, v] + ([relax.Var("bias", R.Tensor(bias_shape, dtype))] if bias_shape else [])
+    params = [q, k, v] + ([relax.Var("bias", R.Tensor(bias_shape, bias_dtype or dtype))] if bias_shape else [])
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(relax.op.nn.attention(*params[:3], params[3] if bias_shape else None,
@@ -500,6 +501,25 @@ def test_cuda_decode_kernel_float32_min_mask(rng):
     ref = reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"])
     ref[:, :, 1] = arrays["v"][:, :, 0].astype(np.float64).mean(axis=1)[:, None]
     assert_close(arrays["out"], ref, "float32")
+
+
+@pytest.mark.parametrize("sq", [1, 70])
+def test_cuda_float16_attention_float32_mask(rng, sq):
+    """Mixed precision leaves a float32 mask beside float16 Q, K and V (T5's padding mask; ``FuseAttention`` keeps the
+    bias in float32): the decode kernel (1 query row) and the tensor-core prefill kernel read it as it is, and a head
+    masked everywhere by -FLT_MAX gets what the graph gives, the mean of V."""
+    b, skv, h, d = 2, 150, 4, 64
+    func, target = cuda_kernel(attention_module(b, sq, skv, h, h, d, "float16", (b, h, sq, skv), bias_dtype="float32"))
+    assert ("attention_decode" if sq == 1 else "flash_attention") in func.script()
+    arrays = inputs(rng, b, sq, skv, h, h, d, "float16")
+    arrays["bias"] = rng.standard_normal((b, h, sq, skv)).astype(np.float32)
+    arrays["bias"][:, 1] = np.finfo(np.float32).min
+    arrays["bias"][1, 2, :, :100] = np.finfo(np.float32).min
+    arrays["out"] = np.zeros_like(arrays["q"])
+    cuda_emu.run(func, target, arrays)
+    ref = reference(arrays["q"], arrays["k"], arrays["v"], arrays["bias"])
+    ref[:, :, 1] = arrays["v"][:, :, 1].astype(np.float64).mean(axis=1)[:, None]
+    assert_close(arrays["out"], ref, "float16")
 
 
 def test_cuda_decode_kernel_where_few_rows_per_head():

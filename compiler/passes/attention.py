@@ -182,14 +182,21 @@ def _bias(found: _Scores, sq: int, sk: int, dt: str,
     query rows across its vector lanes and gathers a bias that varies along them: BERT-base's exported mask,
     [1, 1, 128, 128], took its attention from 0.128 to 0.14-0.15 ms)."""
     consts = [const_array(m).astype(np.float64) * k for m, k, _ in found.masks if isinstance(m, tvm.ir.GenericConst)]
-    terms = [(m if k == 1 else relax.op.multiply(m, relax.const(k, dt)), shape)
-             for m, k, shape in found.masks if not isinstance(m, tvm.ir.GenericConst)]
+    variable = [(m, k, shape) for m, k, shape in found.masks if not isinstance(m, tvm.ir.GenericConst)]
+    # summed in the widest of their types and Q's, the bias's type (mixed precision leaves T5's float32 padding mask
+    # beside its float16 position bias; the kernels read the bias in its own type, adding it to float32 scores): in
+    # float16 the mask's -FLT_MAX would be -inf, or clamped, no longer absorb the scores of a row masked everywhere
+    acc = max([dt, *(dtype(m) for m, _, _ in variable)], key=lambda t: np.finfo(t).bits)
+    terms = []
+    for m, k, shape in variable:
+        t = m if dtype(m) == acc else relax.op.astype(m, acc)
+        terms.append((t if k == 1 else relax.op.multiply(t, relax.const(k, acc)), shape))
     causal = None
     if consts:
         total = sum(consts[1:], consts[0])
         causal = _causal(total, sq, sk)
         if causal is None:
-            terms.append((relax.const(np.maximum(total, np.finfo(dt).min).astype(dt)), total.shape))
+            terms.append((relax.const(np.maximum(total, np.finfo(acc).min).astype(acc)), total.shape))
     if not terms:
         return None, (), causal or None
     bias = terms[0][0]
