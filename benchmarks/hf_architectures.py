@@ -74,7 +74,8 @@ def export(name: str, path: Path) -> list[str]:
     mask = torch.ones(BATCH, SEQ, dtype=torch.long)
     mask[1, PADDED:] = 0
     decoder = torch.randint(3, VOCAB, (BATCH, DEC_SEQ))
-    args = {"text": {"input_ids": ids, "attention_mask": mask}, "image": {"pixel_values": torch.randn(BATCH, 3, 64, 64)},
+    args = {"text": {"input_ids": ids, "attention_mask": mask},
+            "image": {"pixel_values": torch.randn(BATCH, 3, 64, 64)},
             "seq2seq": {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder},
             "speech": {"input_features": torch.randn(BATCH, 80, 100), "decoder_input_ids": decoder}}[kind]
 
