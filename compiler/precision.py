@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 
 from .errors import TvmpipeError
-from .passes.util import private, users
+from .passes.util import dtype, private, users
 from .targets import TargetInfo
 
 PRECISIONS = ("fp32", "fp16")
@@ -87,11 +87,11 @@ def cast_before_layout(func: relax.Function, mod: tvm.IRModule, ctx: tvm.transfo
               | is_op("relax.broadcast_to")(wildcard(), wildcard()) | is_op("relax.reshape")(wildcard(), wildcard()))
 
     def rewrite(call: relax.Call, match: dict) -> relax.Expr:
-        shaped, dtype = match[layout], str(call.attrs.dtype)
+        shaped, narrower = match[layout], str(call.attrs.dtype)
         x = shaped.args[0]
-        if dtype not in _NARROWING.get(str(x.ty.dtype), ()) or not private(call.args[0], uses):
+        if narrower not in _NARROWING.get(dtype(x), ()) or not private(call.args[0], uses):
             return call
-        return relax.Call(shaped.op, [relax.op.astype(x, dtype), *shaped.args[1:]], shaped.attrs)
+        return relax.Call(shaped.op, [relax.op.astype(x, narrower), *shaped.args[1:]], shaped.attrs)
 
     return rewrite_call(is_op("relax.astype")(layout), rewrite, func)
 

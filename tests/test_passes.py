@@ -2,7 +2,6 @@
 inspect --json``) and the numbers vs onnxruntime on random inputs."""
 
 import json
-import re
 import sys
 import zipfile
 from pathlib import Path
@@ -209,7 +208,7 @@ def test_cuda_decode_kernel_reads_kv_cache_in_place(tmp_path, s, layout, fp16):
     float32 one compiled with ``--precision fp16`` (whose float32 cache is cast once, not repeated per query head)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from compiler import pipeline
+    from compiler import pipeline, report
     from compiler.pipeline import Options
     from schedules.attention import KV_LAYOUT_ATTR
 
@@ -220,13 +219,11 @@ def test_cuda_decode_kernel_reads_kv_cache_in_place(tmp_path, s, layout, fp16):
     prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90", None, options)
     (attention,) = [f for g, f in prep.mod.functions.items() if prep.hand.get(g.name_hint) == "Attention"]
     assert str(attention.attrs.get(KV_LAYOUT_ATTR, "BSNH")) == layout
-    ops = {g.name_hint: list(f.attrs["tvmpipe.ops"]) for g, f in prep.mod.functions.items()
-           if f.attrs is not None and "tvmpipe.ops" in f.attrs}
-    assert not any("relax.broadcast_to" in k for k in ops.values()), ops
-    transposes = {name for name, k in ops.items() if "relax.permute_dims" in k and set(k) <= {"relax.permute_dims",
-                                                                                             "relax.astype"}}
-    calls = [f for f in re.findall(r"R\.call_tir\((\w+),", prep.mod["main"].script()) if f in transposes]
-    assert len(calls) == (2 if layout == "BSNH" else 0), calls
+    launches = report._kernels(prep.mod, prep.hand)  # (each kernel launch of main, with its ops)
+    assert not any("relax.broadcast_to" in k["ops"] for k in launches), launches
+    transposes = [k for k in launches if "relax.permute_dims" in k["ops"]
+                  and set(k["ops"]) <= {"relax.permute_dims", "relax.astype"}]
+    assert len(transposes) == (2 if layout == "BSNH" else 0), transposes
 
 
 @pytest.mark.parametrize("bias_shape", [[], [1], [2, 1, 5, 1]])

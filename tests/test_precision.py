@@ -117,31 +117,50 @@ def test_cast_before_layout_moves_narrowing_casts_up():
     tvm.ir.assert_structural_equal(precision.cast_before_layout(module(before)), module(after))
 
 
-def test_fp16_kv_cache_step_casts_the_cache_once(tmp_path, rng):
-    """A float32 decoding step (transformers' repeat_kv) in fp16: the attention kernel reads one float16 cast of the
-    cache, not a copy repeated to every query head (built for the CPU here; the rewrite does not depend on the
-    target); outputs and the returned cache within fp16 accuracy of onnxruntime's float32."""
+def _fp16_kernels_for_cpu(src) -> tvm.IRModule:
+    """``src`` imported in fp16 and through the graph passes and lowering for the CPU (built there: the fp16 rewrite
+    and the graph passes do not depend on the target), its kernels not yet scheduled."""
+    from compiler import schedules
+
+    mod = precision.apply(frontend.load(src).mod, "fp16")
+    return passes.optimize(mod, targets.resolve("cpu"), legalize=schedules.legalizations())[0]
+
+
+def _kernel_ops(mod: tvm.IRModule) -> list[list[str]]:
+    """The ops each kernel of ``mod`` computes (``tvmpipe.ops``)."""
+    return [list(f.attrs[passes.OPS_ATTR]) for f in mod.functions.values()
+            if f.attrs is not None and passes.OPS_ATTR in f.attrs]
+
+
+def _run_on_cpu(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``mod`` (from ``_fp16_kernels_for_cpu``) scheduled, built and run on ``inputs`` (in order): its outputs."""
     from tvm.runtime.vm import VirtualMachine
 
     from compiler import schedules
 
-    src = save(blocks.kv_cache_step("repeat_kv", 3, d=32), tmp_path / "m.onnx")
     info = targets.resolve("cpu")
-    mod = precision.apply(frontend.load(src).mod, "fp16")
-    mod, _ = passes.optimize(mod, info, legalize=schedules.legalizations())
-    ops = [list(f.attrs["tvmpipe.ops"]) for f in mod.functions.values()
-           if f.attrs is not None and "tvmpipe.ops" in f.attrs]
-    assert ["relax.astype"] in ops and not any("relax.broadcast_to" in k for k in ops), ops
     mod, chosen = schedules.apply(mod, info)
     assert "Attention" in chosen.values(), chosen
-    vm = VirtualMachine(build(mod, info).exe, tvm.cpu())
+    outs = VirtualMachine(build(mod, info).exe, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in inputs.values()))
+    return [o.numpy() for o in (outs if isinstance(outs, tvm.ir.Array) else [outs])]
+
+
+def test_fp16_kv_cache_step_casts_the_cache_once(tmp_path, rng):
+    """A float32 decoding step (transformers' repeat_kv) in fp16: the attention kernel reads one float16 cast of the
+    cache, not a copy repeated to every query head (built for the CPU here; the rewrite does not depend on the
+    target); outputs and the returned cache within fp16 accuracy of onnxruntime's float32."""
+    src = save(blocks.kv_cache_step("repeat_kv", 3, d=32), tmp_path / "m.onnx")
+    mod = _fp16_kernels_for_cpu(src)
+    ops = _kernel_ops(mod)
+    assert ["relax.astype"] in ops and not any("relax.broadcast_to" in k for k in ops), ops
     b, s, past, g, d = 2, 3, 11, 2, 32
     x = {"x": rng.standard_normal((b, s, 6 * d)), "bias": rng.standard_normal((b, 1, s, past + s)),
          "past_k": rng.standard_normal((b, g, past, d)), "past_v": rng.standard_normal((b, g, past, d))}
     x = {n: a.astype(np.float32) for n, a in x.items()}
-    ours = vm["main"](*(tvm.runtime.tensor(a) for a in x.values()))
-    for got, ref in zip(ours, ort_run(src, x).values()):
-        assert got.numpy().dtype == np.float32 and rel_err(got.numpy(), ref) < 1e-2
+    outs = _run_on_cpu(mod, x)
+    assert len(outs) == 3
+    for got, ref in zip(outs, ort_run(src, x).values()):
+        assert got.dtype == np.float32 and rel_err(got, ref) < 1e-2
 
 
 def test_fp16_attention_keeps_a_float32_mask(tmp_path, rng):
@@ -149,10 +168,6 @@ def test_fp16_attention_keeps_a_float32_mask(tmp_path, rng):
     (Where(keep, 0, -FLT_MAX)) added in float32. One attention kernel, whose bias stays float32: a query row masked
     everywhere gets the mean of V as in onnxruntime's float32 graph, the rest within fp16 accuracy (built for the CPU
     here; the CUDA kernels read such a bias too, test_schedules_attention). The fusion raised a dtype error before."""
-    from tvm.runtime.vm import VirtualMachine
-
-    from compiler import schedules
-
     b, s, h, d = 2, 20, 4, 32
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["q", "kt"], ["scores"]), helper.make_node("Add", ["scores", "pos"], ["z0"]),
@@ -163,15 +178,13 @@ def test_fp16_attention_keeps_a_float32_mask(tmp_path, rng):
              "zero": np.array(0.0, np.float32), "fmin": np.array(np.finfo(np.float32).min, np.float32)}
     ins = [(n, TensorProto.FLOAT, [b, h, s, d]) for n in "qkv"] + [("keep", TensorProto.BOOL, [b, 1, s, s])]
     src = save(make_model(nodes, ins, [("y", TensorProto.FLOAT, [b, h, s, d])], inits), tmp_path / "t5.onnx")
-    info = targets.resolve("cpu")
-    mod, _ = passes.optimize(precision.apply(frontend.load(src).mod, "fp16"), info, legalize=schedules.legalizations())
+    mod = _fp16_kernels_for_cpu(src)
     (attention,) = [f for f in mod.functions.values()
-                    if f.attrs is not None and list(f.attrs.get("tvmpipe.ops", [])) == ["relax.nn.attention_bias"]]
+                    if f.attrs is not None and list(f.attrs.get(passes.OPS_ATTR, [])) == ["relax.nn.attention_bias"]]
     assert [str(p.ty.dtype) for p in attention.params] == ["float16"] * 3 + ["float32", "float16"]  # q k v bias out
-    vm = VirtualMachine(build(schedules.apply(mod, info)[0], info).exe, tvm.cpu())
     x = {n: rng.standard_normal((b, h, s, d)).astype(np.float32) for n in "qkv"}
     x["keep"] = np.tril(np.ones((s, s), bool))[None, None].repeat(b, 0)
     x["keep"][1, :, :, 15:] = False  # padding
     x["keep"][1, :, 3] = False  # query row 3 sees no key
-    ours = vm["main"](*(tvm.runtime.tensor(a) for a in x.values())).numpy()
+    (ours,) = _run_on_cpu(mod, x)
     assert rel_err(ours, ort_run(src, x)["y"]) < 1e-2
