@@ -76,10 +76,13 @@ def prepare_imported(
 
 
 def schedule(prep: Prepared, options: Options) -> tuple[object, dict[str, str], dict | None]:
-    """Tuning log (where one matches) or defaults for the rest: (module, {kernel: provenance}, log info)."""
+    """Tuning log (where one matches) or defaults for the rest, then (fusion "tvmpipe") output reshapes written by
+    their producers (``passes.write_output_shape``): (module, {kernel: provenance}, log info)."""
     log = tuning.find_log(prep.target, prep.key) if options.tuning_log == "auto" else options.tuning_log
     mod, provenance, log_info = tuning.apply(prep.mod, prep.target, log)
-    return mod, {**{k: f"hand:{v}" for k, v in prep.hand.items()}, **provenance}, log_info
+    mod, folded = passes.write_output_shape(mod) if options.fusion == "tvmpipe" else (mod, [])
+    kernels = {**{k: f"hand:{v}" for k, v in prep.hand.items()}, **provenance}
+    return mod, {k: v for k, v in kernels.items() if k not in folded}, log_info
 
 
 def compile_model(

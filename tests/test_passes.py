@@ -505,3 +505,136 @@ def test_gelu_after_an_addmm_view_fuses_under_mixed_precision(capsys, tmp_path, 
         kernels = json.loads(zf.read("manifest.json"))["kernels"]
     (gelu,) = [name for name in kernels if "tanh" in name]
     assert kernels[gelu] == "hand:GpuMatmul" and "power" not in gelu, kernels
+
+
+# ---------------------------------------------------------------- outputs that only reshape a kernel's result
+
+
+@pytest.mark.parametrize("source", ["kernel", "input"])
+def test_output_reshape_is_written_by_its_producer(capsys, tmp_path, rng, source):
+    """The model's output reshapes a kernel's result: that kernel writes the output (no copy kernel; in a tuple of
+    outputs TVM makes such a reshape a view itself). A reshaped input stays a copy. Both match onnxruntime."""
+    g = blocks.Graph()
+    x = g.input("x", [3, 7])
+    h = g.n("Relu", [g.n("MatMul", [x, g.c(rng.standard_normal((7, 10)).astype(np.float32))])]) if source == "kernel" else x
+    ks = check(capsys, tmp_path, g.model([g.n("Reshape", [h, g.c(np.int64([-1, 5] if source == "kernel" else [7, 3]))])]), rng)
+    assert [k["ops"] for k in ks] == ([["relax.matmul", "relax.nn.relu"]] if source == "kernel" else [["relax.reshape"]]), ks
+
+
+def _output_reshape_module(case: str):
+    """``main`` returns ``reshape(add(x))`` ("kernel"), ``reshape(x)`` ("input") or ``(reshape(add(x)),)`` ("tuple")."""
+    import tvm
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+    from tvm.script import tirx as T
+
+    @I.ir_module
+    class Module:
+        @T.prim_func(private=True, s_tir=True)
+        def add(a: T.Buffer((2, 6), "float32"), out: T.Buffer((2, 6), "float32")):
+            for i, j in T.grid(2, 6):
+                with T.sblock("add"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    out[vi, vj] = a[vi, vj] + T.float32(1)
+
+        @T.prim_func(private=True, s_tir=True)
+        def reshape(a: T.Buffer((2, 6), "float32"), out: T.Buffer((3, 4), "float32")):
+            for i, j in T.grid(3, 4):
+                with T.sblock("reshape"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    out[vi, vj] = a[(vi * 4 + vj) // 6, (vi * 4 + vj) % 6]
+
+        @R.function
+        def kernel(x: R.Tensor((2, 6), "float32")):
+            cls = Module
+            with R.dataflow():
+                lv = R.call_tir(cls.add, (x,), R.Tensor((2, 6), "float32"))
+                gv = R.call_tir(cls.reshape, (lv,), R.Tensor((3, 4), "float32"))
+                R.output(gv)
+            return gv
+
+        @R.function
+        def input(x: R.Tensor((2, 6), "float32")):
+            cls = Module
+            with R.dataflow():
+                gv = R.call_tir(cls.reshape, (x,), R.Tensor((3, 4), "float32"))
+                R.output(gv)
+            return gv
+
+        @R.function
+        def tuple(x: R.Tensor((2, 6), "float32")):
+            cls = Module
+            with R.dataflow():
+                lv = R.call_tir(cls.add, (x,), R.Tensor((2, 6), "float32"))
+                lv1 = R.call_tir(cls.reshape, (lv,), R.Tensor((3, 4), "float32"))
+                gv = (lv1,)
+                R.output(gv)
+            return gv
+
+    return tvm.IRModule({**{g: Module[g] for g in Module.get_global_vars() if g.name_hint in ("add", "reshape")},
+                         "main": Module[case].with_attr("global_symbol", "main")})
+
+
+def test_write_output_shape_before_after():
+    """The producer's output parameter takes the output's shape, its body writing the old one through a view; the
+    reshape kernel goes. A reshaped input keeps the copy; so does the pass a reshape in a tuple of outputs (a
+    dataflow variable, which TVM's RewriteDataflowReshape makes a view)."""
+    import tvm
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+    from tvm.script import tirx as T
+
+    from compiler.passes import write_output_shape
+
+    @I.ir_module
+    class After:
+        @T.prim_func(private=True, s_tir=True)
+        def add(a: T.Buffer((2, 6), "float32"), out: T.Buffer((3, 4), "float32")):
+            out_1 = T.decl_buffer((2, 6), "float32", data=out.data)
+            for i, j in T.grid(2, 6):
+                with T.sblock("add"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    out_1[vi, vj] = a[vi, vj] + T.float32(1)
+
+        @R.function
+        def main(x: R.Tensor((2, 6), "float32")):
+            cls = After
+            with R.dataflow():
+                gv = R.call_tir(cls.add, (x,), R.Tensor((3, 4), "float32"))
+                R.output(gv)
+            return gv
+
+    mod, folded = write_output_shape(_output_reshape_module("kernel"))
+    assert folded == ["reshape"]
+    tvm.ir.assert_structural_equal(mod, After)
+    for case in ("input", "tuple"):
+        before = _output_reshape_module(case)
+        mod, folded = write_output_shape(before)
+        assert folded == [] and mod.same_as(before), case
+
+
+def test_cuda_decode_output_is_the_attention_kernels(tmp_path):
+    """A decoding step's attention reshaped to [batch, seq, hidden] as the model's output: for CUDA the attention
+    kernel writes it (two launches, not three), with the same CUDA code as before the fold."""
+    import tvm
+
+    from compiler import pipeline
+    from compiler.passes.output_reshape import with_output_shape
+    from compiler.pipeline import Options
+
+    h16 = TP.FLOAT16
+    model = make_model([helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=4, kv_num_heads=2)],
+                       [("q", h16, [1, 1, 96]), ("k", h16, [1, 33, 48]), ("v", h16, [1, 33, 48])],
+                       [("y", h16, [1, 1, 96])], opset=23)
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cuda-sm90")
+    mod, kernels, _ = pipeline.schedule(prep, Options())
+    assert kernels == {"attention": "hand:Attention"}, kernels
+    folded, before = mod["attention"], prep.mod["attention"]
+    assert [int(d) for d in folded.params[-1].shape] == [1, 1, 96]
+
+    def cuda(func):
+        with prep.target.target:
+            exe = tvm.compile(tvm.IRModule({"main": func}), target=prep.target.target)
+        return exe.mod.imports[0].inspect_source()
+
+    assert cuda(folded) == cuda(before) == cuda(with_output_shape(before, [96]))

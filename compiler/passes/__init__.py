@@ -29,11 +29,12 @@ from .fold_batchnorm import FoldBatchNorm
 from .kernels import OPS_ATTR, SAVED_ATTR, KernelRecorder
 from .layernorm import FuseLayerNorm
 from .layout import SimplifyLayout
+from .output_reshape import write_output_shape
 from .reshape_sink import SinkReshapes
 from .small_powers import ExpandSmallPowers
 from .take_slice import TakeAsSlice
 
-__all__ = ["FUSION_LEVELS", "GRAPH_PASSES", "OPS_ATTR", "SAVED_ATTR", "optimize"]
+__all__ = ["FUSION_LEVELS", "GRAPH_PASSES", "OPS_ATTR", "SAVED_ATTR", "optimize", "write_output_shape"]
 
 FUSION_LEVELS = ("tvmpipe", "tvm", "none")
 
