@@ -2,8 +2,9 @@
 (``schedules/attention_cuda_decode.py``), against the prefill kernels it replaces there (``tvmpipe-prefill``: 64-row
 query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, ``tvmpipe-tc``: tensor cores; one is
 the default) and torch SDPA, on the same fp16 tensors; the default package built with ``--cuda-graph``
-(``tvmpipe-graph``) against torch's SDPA replayed from a CUDA graph (``torch-graph``), each without its host's launch
-costs. ONNX ``Attention`` nodes (grouped heads as they are) compiled here for cuda-sm90, checked against float64 and
+(``tvmpipe-graph``) against torch's SDPA replayed from a CUDA graph (``torch-graph``), each timed per call (its
+launch latency included), and the default package against torch's graph issued ``PIPELINE`` calls back to back
+(``-pipelined``: the GPU's time per call where the host keeps ahead, as between a model's kernels). ONNX ``Attention`` nodes (grouped heads as they are) compiled here for cuda-sm90, checked against float64 and
 timed there.
 
 Whole steps with the cache (``STEP_CASES``): the node also takes ``past_key`` / ``past_value`` ([batch, heads, seq,
@@ -30,6 +31,9 @@ BUILD = REPO / "build" / "gpu" / "decode"
 # timing: ROUNDS rounds over every build and torch's backends, each round starting one later (load from elsewhere on
 # the machine hits all alike), REPEAT calls a turn; a record's ms is the median of all its calls
 ROUNDS, REPEAT = 5, 40
+# "-pipelined" turns: PIPELINE calls back to back between two events, per call (the host's launches overlapping the
+# GPU's work, as between a model's kernels): the GPU's time where the host keeps ahead, launch latency left out
+PIPELINE = 20
 # name -> (batch, query rows, keys, heads, K/V heads, head dim): Llama-style grouped heads at 2048 keys (8 MB of K/V:
 # L2-resident from call to call), 32768 (134 MB) and batch 8 x 4096, and with 4 query rows (speculative decoding);
 # GPT-2-medium-style heads at batch 4
@@ -176,10 +180,14 @@ def run(out: Path) -> None:
             turns[impl] = lambda fn=sdpa: cuda_ms(fn, repeat=REPEAT, warmup=5)
         replay = graphed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
         turns["torch-graph"] = lambda: cuda_ms(replay, repeat=REPEAT, warmup=5)
+        turns["torch-graph-pipelined"] = lambda: [t / PIPELINE for t in cuda_ms(
+            lambda: [replay() for _ in range(PIPELINE)], repeat=REPEAT, warmup=1)]
+        turns["tvmpipe-pipelined"] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5, number=PIPELINE).ms
         time_all(rec, turns)
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]  # both replayed as graphs
+        rec["pipelined_torch-graph_vs_tvmpipe"] = rec["torch-graph-pipelined_ms"] / rec["tvmpipe-pipelined_ms"]
         rec["prefill_vs_tvmpipe"] = rec["tvmpipe-prefill_ms"] / rec["tvmpipe_ms"]
         if "tvmpipe-simt_ms" in rec:  # > 1: the tensor-core form is faster
             rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]

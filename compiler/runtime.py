@@ -227,13 +227,15 @@ class Runner:
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self._collect(self._vm["main"](*self._arguments(arrays)))
 
-    def time(self, arrays: dict[str, np.ndarray], repeat: int = 50, warmup: int = 5) -> Timing:
-        """Latency of one call with inputs already on the device (outputs stay there too)."""
+    def time(self, arrays: dict[str, np.ndarray], repeat: int = 50, warmup: int = 5, number: int = 1) -> Timing:
+        """Latency of one call with inputs already on the device (outputs stay there too); ``number`` > 1: each
+        figure is the mean of that many calls issued back to back (the host's launches then overlap the device's
+        work, as a model's chain of kernels does: the device's time per call where the host keeps ahead)."""
         args = self._arguments(arrays)
         self._vm.set_input("main", *args)
         evaluator = self._vm.time_evaluator
         evaluator("invoke_stateful", self.device, number=1, repeat=max(warmup, 1))("main")  # first-touch costs
-        timer = evaluator("invoke_stateful", self.device, number=1, repeat=repeat)
+        timer = evaluator("invoke_stateful", self.device, number=number, repeat=repeat)
         return Timing([t * 1e3 for t in timer("main").results])
 
     def profile(self, arrays: dict[str, np.ndarray], repeat: int = 10) -> list[KernelTime]:
