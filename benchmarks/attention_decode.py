@@ -134,6 +134,24 @@ def run(out: Path) -> None:
         ref = ref.transpose(1, 2).reshape(b, s, h * d).cpu().numpy()
         return x, (q, k, v), float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
 
+    def kernel_us(fn) -> dict[str, float]:
+        """GPU microseconds per call of each kernel ``fn`` launches, over PIPELINE calls back to back (CUPTI through
+        torch's profiler, which records the TVM runtime's launches too): what each launch costs on the GPU."""
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(PIPELINE):
+                fn()
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for e in prof.events():
+            if e.device_type == DeviceType.CUDA:
+                out[e.name[:80]] = out.get(e.name[:80], 0.0) + e.time_range.elapsed_us() / PIPELINE
+        return out
+
     def graphed(fn):
         """``fn`` captured in a CUDA graph (its launches replayed without Python): the GPU time at its best."""
         fn()
@@ -184,6 +202,7 @@ def run(out: Path) -> None:
             lambda: [replay() for _ in range(PIPELINE)], repeat=REPEAT, warmup=1)]
         turns["tvmpipe-pipelined"] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5, number=PIPELINE).ms
         time_all(rec, turns)
+        rec["kernels_us"] = {"tvmpipe": kernel_us(runner.bound(x)), "torch-graph": kernel_us(replay)}
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]  # both replayed as graphs
@@ -221,7 +240,10 @@ def run(out: Path) -> None:
             rec[f"{impl}_cache_exact"] = bool(np.array_equal(got["present_key"], ref_k.astype(np.float16)))
             rec[f"{impl}_kernels"] = [{"kernel": k.name, "ms": k.ms, "calls": k.calls} for k in runner.profile(x)]
             turns[impl] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms
+            if impl == "tvmpipe":
+                ours = runner.bound(x)
         time_all(rec, turns)
+        rec["kernels_us"] = {"tvmpipe": kernel_us(ours), "torch-graph": kernel_us(replay)}
         rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]
         rec["concat-dlight_vs_tvmpipe"] = rec["tvmpipe-concat-dlight_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,6 +227,12 @@ class Runner:
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self._collect(self._vm["main"](*self._arguments(arrays)))
+
+    def bound(self, arrays: dict[str, np.ndarray]) -> Callable[[], object]:
+        """``main`` on ``arrays``, copied to the device once: each call launches the model's kernels and nothing
+        else (its outputs stay on the device), for an outside profiler to watch."""
+        args = self._arguments(arrays)
+        return lambda: self._vm["main"](*args)
 
     def time(self, arrays: dict[str, np.ndarray], repeat: int = 50, warmup: int = 5, number: int = 1) -> Timing:
         """Latency of one call with inputs already on the device (outputs stay there too); ``number`` > 1: each

@@ -57,6 +57,20 @@ def test_target_file_path(capsys, tmp_path, rng):
     np.testing.assert_array_equal(load(tmp_path / "m.tvmpkg")(x=x)["y"], np.maximum(x, 0))
 
 
+def test_runner_bound_call_and_timing(small_pkg, rng):
+    """``Runner.bound``: main on inputs copied once, as ``__call__`` computes it (outputs left on the device);
+    ``time(number=...)`` gives one figure per repeat."""
+    from compiler import load
+
+    runner = load(small_pkg[1])
+    x = {"x": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal((3, 7)).astype(np.float32)}
+    call = runner.bound(x)
+    np.testing.assert_array_equal(call().numpy(), runner(**x)["y"])
+    x["b"] += 1  # (bound to the arrays as they were)
+    assert not np.array_equal(call().numpy(), runner(**x)["y"])
+    assert len(runner.time(x, repeat=3, number=4).ms) == 3
+
+
 def test_package_manifest(small_pkg):
     src, pkg = small_pkg
     with zipfile.ZipFile(pkg) as zf:
