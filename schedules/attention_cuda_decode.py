@@ -68,7 +68,8 @@ TC_STEP_BYTES = 4096  # bytes of K (and as many of V) per warp step
 # Chunks merged in the same launch, by the last CTA of each row block to finish (``Chunks.one_launch``), instead of by
 # a second kernel: off until timed on a GPU (benchmarks/attention_decode.py builds it as "one-launch"). Its arrival
 # counters sit in the module's static device memory, reset by that last CTA, so launches of a kernel must not overlap
-# (one stream), as for the softmax split's slots; up to ONE_LAUNCH_SLOTS row blocks a launch.
+# (one stream), as for the softmax split's slots; up to ONE_LAUNCH_SLOTS row blocks a launch, counted at compile time
+# (a batch known only at run time keeps the second kernel).
 ONE_LAUNCH = False
 ONE_LAUNCH_SLOTS = 4096
 _ARRIVE_SRC = f"""
