@@ -605,14 +605,18 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
     """One block per row (the schedule runs rows in parallel): three passes over the row while it is in
     cache, a ``lanes``-wide running max, ``exp(x - max)`` with a running sum, and the scaling.
 
-    The vector loops are written vectorised, the ``cols % lanes`` tail scalar: TVM's ``vectorize`` refuses
-    a loop that carries a reduction, and ``rfactor`` does not compose with ``compute_at``. A float32 softmax
+    The vector loops are written vectorised: TVM's ``vectorize`` refuses a loop that carries a reduction, and
+    ``rfactor`` does not compose with ``compute_at``. A ``cols % lanes`` tail is one more vector step over the row's
+    last ``lanes`` elements, whose lanes before the tail the sum leaves out and the scaling writes back unchanged (the
+    max takes them again: the same max); a row shorter than ``lanes`` is scalar. A float32 softmax
     keeps ``exp(x - max)`` in ``y`` between the last two passes (as onnxruntime does). A float16 one keeps it
     with ``scratch`` in a float32 row buffer (a per-row workspace: a float16 ``y`` would hold an unscaled,
     twice-rounded value), else recomputes it (1.35x slower). ``prefetch``: the exp pass also prefetches the
     next row, one vector's address per step.
     """
     full, tail = divmod(cols, lanes)
+    over = full > 0 and tail > 0  # the tail as an overlapping vector step (from ``last``) of which tail_n lanes count
+    last, tail_n, tail = cols - lanes, tail, 0 if full > 0 else tail
     in_y = dtype == ACC
     keep = kind == "softmax" and (in_y or scratch)
     row_buf = cols if keep and not in_y else 1
@@ -654,6 +658,9 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                         acc[l] = T.max(acc[l], _f32(x[vr, ko * lanes + l], dtype))
                 for t in range(tail):
                     acc[t] = T.max(acc[t], _f32(x[vr, full * lanes + t], dtype))
+                if over:
+                    for l in T.vectorized(lanes):
+                        acc[l] = T.max(acc[l], _f32(x[vr, last + l], dtype))
                 _fold(acc, h0, T.max)
                 _fold(acc, h1, T.max)
                 _fold(acc, h2, T.max)
@@ -678,6 +685,14 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                     if keep and not in_y:
                         e[full * lanes + t] = vexp(_f32(x[vr, full * lanes + t], dtype) - stat[0])
                     acc[t] = acc[t] + exp_of(x, y, e, vr, full * lanes + t, stat)
+                if over:  # (lanes before the tail: their exp again, the same bits, not summed again)
+                    for l in T.vectorized(lanes):
+                        if keep and in_y:
+                            y[vr, last + l] = vexp(_f32(x[vr, last + l], dtype) - stat[0])
+                        if keep and not in_y:
+                            e[last + l] = vexp(_f32(x[vr, last + l], dtype) - stat[0])
+                        acc[l] = acc[l] + T.Select(l >= lanes - tail_n, exp_of(x, y, e, vr, last + l, stat),
+                                                   T.float32(0))
                 _fold(acc, h0, _add)
                 _fold(acc, h1, _add)
                 _fold(acc, h2, _add)
@@ -691,5 +706,9 @@ def cpu(rows: int, cols: int, dtype: str, kind: str, lanes: int, prefetch: bool 
                         y[vr, ko * lanes + l] = value(x, y, e, vr, ko * lanes + l, stat)
                 for t in range(tail):
                     y[vr, full * lanes + t] = value(x, y, e, vr, full * lanes + t, stat)
+                if over:  # (lanes before the tail are final already: written back as they are)
+                    for l in T.vectorized(lanes):
+                        y[vr, last + l] = T.Select(l >= lanes - tail_n, value(x, y, e, vr, last + l, stat),
+                                                   y[vr, last + l])
 
     return func

@@ -50,6 +50,24 @@ def test_cpu_numerics_odd_sizes_and_special_values(rng):
         assert bad == 0, f"{case['name']}: {bad} elements off (max err {err:.2e})"
 
 
+@pytest.mark.parametrize("lanes, cols", [(8, 9), (8, 15), (8, 60), (16, 17), (16, 31), (32, 33)])
+def test_cpu_kernel_tail_step(rng, lanes, cols):
+    """The CPU kernel at a given vector step: a row of one step and a tail, or several and a tail (the overlapping last
+    step, whose lanes before the tail the sum must not count twice nor the scaling apply twice), every dtype and kind,
+    on the special rows, against float64."""
+    target = targets.resolve("cpu").target
+    for dtype in S.DTYPES:
+        for kind in S.KINDS:
+            sch = S._schedule(softmax_tir.cpu(9, cols, dtype, kind, lanes, True, dtype != "float32"), kind)
+            sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
+            kernel = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+            x = sample(9, cols, dtype, rng)
+            y = tvm.runtime.tensor(np.full_like(x, np.nan))
+            kernel["main"](tvm.runtime.tensor(x), y)
+            bad, err = mismatches(y.numpy(), x, kind)
+            assert bad == 0, f"{dtype} {kind}: {bad} elements off (max err {err:.2e})"
+
+
 def test_special_value_semantics():
     """What the contract means, on a handful of rows (the reference is numpy's own arithmetic)."""
     x = np.array([[1e30, 3e38, -3e38], [-np.inf, 0, 0], [np.inf, 0, 0], [np.nan, 0, 0], [-np.inf] * 3, [7, 7, 7]])
