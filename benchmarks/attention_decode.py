@@ -4,8 +4,9 @@ query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, `
 the default) and torch SDPA, on the same fp16 tensors; the default package built with ``--cuda-graph``
 (``tvmpipe-graph``) against torch's SDPA replayed from a CUDA graph (``torch-graph``), each timed per call (its
 launch latency included), and the default package against torch's graph issued ``PIPELINE`` calls back to back
-(``-pipelined``: the GPU's time per call where the host keeps ahead, as between a model's kernels). ONNX ``Attention`` nodes (grouped heads as they are) compiled here for cuda-sm90, checked against float64 and
-timed there.
+(``-pipelined``: the GPU's time per call where the host keeps ahead, as between a model's kernels), and each
+kernel's GPU time (``kernels_us``, CUPTI). ONNX ``Attention`` nodes (grouped heads as they are) compiled here for
+cuda-sm90, checked against float64 and timed there.
 
 Whole steps with the cache (``STEP_CASES``): the node also takes ``past_key`` / ``past_value`` ([batch, heads, seq,
 dim]) and returns them with the new keys appended; the kernel reads them in place (``tvmpipe``) or after the
@@ -220,7 +221,8 @@ def run(out: Path) -> None:
         rec["prefill_vs_tvmpipe"] = rec["tvmpipe-prefill_ms"] / rec["tvmpipe_ms"]
         if "tvmpipe-one-launch_ms" in rec:  # > 1: one launch is faster
             rec["one-launch_vs_tvmpipe"] = rec["tvmpipe_ms"] / rec["tvmpipe-one-launch_ms"]
-            rec["pipelined_one-launch_vs_tvmpipe"] = rec["tvmpipe-pipelined_ms"] / rec["tvmpipe-one-launch-pipelined_ms"]
+            rec["pipelined_one-launch_vs_tvmpipe"] = (rec["tvmpipe-pipelined_ms"]
+                                                      / rec["tvmpipe-one-launch-pipelined_ms"])
         if "tvmpipe-simt_ms" in rec:  # > 1: the tensor-core form is faster
             rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]
         print(json.dumps(rec), flush=True)

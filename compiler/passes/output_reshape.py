@@ -31,19 +31,15 @@ def _call_tir(expr: relax.Expr | None) -> relax.Call | None:
 
 
 def with_output_shape(func: tirx.PrimFunc, shape) -> tirx.PrimFunc:
-    """``func`` whose output (its last parameter) has ``shape`` (as many elements, row-major), its body writing the
-    old shape through a view declared at the top of its root block."""
-    old = func.params[-1]
+    """``func`` (a root block: every scheduled kernel) whose output, its last parameter, has ``shape`` (as many
+    elements, row-major), its body writing the old shape through a view declared at the top of the root block."""
+    old, root = func.params[-1], func.body
     new = tirx.decl_buffer(shape, old.dtype, name=old.name, layout=old.layout)
-    view = tirx.DeclBuffer(old, data=new.data)
-    body = func.body
-    if isinstance(body, s_tir.SBlockRealize):  # (scheduled kernels: buffers are declared inside the root block)
-        b = body.block
-        block = s_tir.SBlock(b.iter_vars, b.reads, b.writes, b.name_hint, tirx.SeqStmt([view, b.body]), b.init,
-                             b.alloc_buffers, b.match_buffers, b.annotations)
-        body = s_tir.SBlockRealize(body.iter_values, body.predicate, block)
-    else:
-        body = tirx.SeqStmt([view, body])
+    b = root.block
+    block = s_tir.SBlock(b.iter_vars, b.reads, b.writes, b.name_hint,
+                         tirx.SeqStmt([tirx.DeclBuffer(old, data=new.data), b.body]), b.init, b.alloc_buffers,
+                         b.match_buffers, b.annotations)
+    body = s_tir.SBlockRealize(root.iter_values, root.predicate, block)
     return tirx.PrimFunc([*func.params[:-1], new], body, func.ret_type, func.attrs)
 
 
@@ -75,7 +71,8 @@ def write_output_shape(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
             if (producer is not None and not isinstance(binding.var, relax.DataflowVar) and readers[source] == 1
                     and len(mod[call.args[0]].params) == 2 and relax.analysis.has_reshape_pattern(mod[call.args[0]])
                     and calls[producer.args[0].name_hint] == 1 and _same_size(source, binding.var)
-                    and len(mod[producer.args[0]].params) == len(producer.args[1].fields) + 1):
+                    and len(mod[producer.args[0]].params) == len(producer.args[1].fields) + 1
+                    and isinstance(mod[producer.args[0]].body, s_tir.SBlockRealize)):
                 found[binding.var] = (source, producer, call.args[0].name_hint)
     if not found:
         return mod, []
