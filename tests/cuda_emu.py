@@ -472,7 +472,10 @@ def _helpers(preamble: str) -> str:
             defs.append(f"static unsigned tvmpipe_decode_count[{slots}];\n"
                         f"static inline int {name}(int slot, int n) {{ "
                         "if (tvmpipe_decode_count[slot]++ != (unsigned)(n - 1)) return 0; "
-                        "tvmpipe_decode_count[slot] = 0; return 1; }")
+                        "tvmpipe_decode_count[slot] = 0; return 1; }\n"
+                        # (what a launch must leave behind: every slot back at 0, or the next launch merges early)
+                        f'extern "C" int emu_counts_left() {{ int n = 0; for (unsigned c : tvmpipe_decode_count) '
+                        "n += c != 0; return n; }")
         elif name.startswith("tvm_builtin_ptx_mbarrier_init"):
             defs.append(f"static inline void {name}({params}) {{ emu_mbarrier_init(__addr, __count); }}")
         elif name.startswith("tvm_builtin_ptx_mbarrier_arrive"):  # (expect_tx: the bytes, before they land)
@@ -584,3 +587,5 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
             launch.join(timeout)
             if launch.is_alive():
                 raise TimeoutError(f"emulated kernel still running after {timeout} s: deadlocked barriers?")
+            if hasattr(lib, "emu_counts_left") and lib.emu_counts_left():
+                raise AssertionError(f"{name} left {lib.emu_counts_left()} arrival counters non-zero")
