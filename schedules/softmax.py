@@ -61,9 +61,13 @@ _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vector
 # Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so
 # two blocks share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
 _STREAM_CACHE_BYTES = 110 << 10
-# CPU: prefetch the next row during the exp pass up to this row size, so that its memory reads overlap the
-# exp arithmetic (64 x 50257 float32: -10 %); a 1 MB row (x, y and the next x) no longer fits in L2 (+10 %).
-_PREFETCH_ROW_BYTES = 256 << 10
+# CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
+# arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no
+# longer fits in L2: +10 %); on the Intel Xeon (emeraldrapids), whose own prefetchers keep up with longer rows, up to
+# 8 KB (rerun/softmax-cpu-prefetch/run1.json, three runs: without it 0.68-0.90x at 4-8 KB rows, 1.13-1.23x at 16 KB,
+# 0.89-1.17x at 64-128 KB, 1.10-1.13x at 200 KB). Other CPUs take the Intel limit (the smaller).
+_PREFETCH_ROW_BYTES = {"znver": 256 << 10}
+_PREFETCH_ROW_BYTES_ELSE = 8 << 10
 
 
 # ---------------------------------------------------------------- legalisation
@@ -230,6 +234,13 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
 # ---------------------------------------------------------------- CPU
 
 
+def cpu_prefetch(rows: int, cols: int, dtype: str, target: Target) -> bool:
+    """Whether the CPU kernel's exp pass prefetches the next row (``_PREFETCH_ROW_BYTES`` by the target's CPU)."""
+    mcpu = str(target.attrs.get("mcpu", ""))
+    limit = next((v for k, v in _PREFETCH_ROW_BYTES.items() if mcpu.startswith(k)), _PREFETCH_ROW_BYTES_ELSE)
+    return rows > 1 and cols * tvm.DataType(dtype).bits // 8 <= limit
+
+
 def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) -> s_tir.Schedule:
     """Rows in parallel, each row's passes vectorised to the target's vector width."""
     from tvm.target.codegen import llvm_get_vector_width
@@ -238,7 +249,7 @@ def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) ->
     # with onnxruntime interleaved (best of 30, benchmarks/softmax.py's CPU shapes): 1.00-1.18x on AVX-512, 1.05-1.60x
     # as AVX2 code; four (AVX-512) won on some shapes and lost 14 % on 8 x 262144 float32
     lanes = 2 * max(4, llvm_get_vector_width(target) // 32)
-    prefetch = rows > 1 and cols * tvm.DataType(dtype).bits // 8 <= _PREFETCH_ROW_BYTES
+    prefetch = cpu_prefetch(rows, cols, dtype, target)
     scratch = dtype != softmax_tir.ACC  # float16: exp(x - max) kept in a float32 row buffer, not recomputed
     sch = _schedule(softmax_tir.cpu(rows, cols, dtype, kind, lanes, prefetch, scratch), kind)
     sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
