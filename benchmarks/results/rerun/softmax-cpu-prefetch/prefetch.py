@@ -55,7 +55,8 @@ def main() -> None:
             fns = {"onnxruntime": lambda: sess.run_with_iobinding(bind), "prefetch": lambda: on(xt, yt),
                    "no-prefetch": lambda: off(xt, yt)}
             best = _cpu_bench_interleaved(fns, dict.fromkeys(fns, 60))
-            rec = {"run": run, "rows": rows, "cols": cols, "row_kb": cols * 4 / 1024, **{f"{k}_ms": v for k, v in best.items()},
+            rec = {"run": run, "rows": rows, "cols": cols, "row_kb": cols * 4 / 1024,
+                   **{f"{k}_ms": v for k, v in best.items()},
                    "no_prefetch_speedup": best["prefetch"] / best["no-prefetch"],
                    "prefetch_vs_onnxruntime": best["onnxruntime"] / best["prefetch"],
                    "no_prefetch_vs_onnxruntime": best["onnxruntime"] / best["no-prefetch"],
