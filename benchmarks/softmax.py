@@ -508,10 +508,13 @@ def _cpu_bench_interleaved(fns: dict, reps: dict) -> dict:
     return {name: min(t) for name, t in times.items()}
 
 
-def _ort_session(rows: int, cols: int, dtype: str, threads: int):
+def ort_softmax(x: np.ndarray, y: np.ndarray, threads: int):
+    """onnxruntime's CPU softmax over the last axis of 2-D ``x`` into ``y`` (both bound in place, no copies): a
+    function of no arguments."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    (rows, cols), dtype = x.shape, str(x.dtype)
     elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
     graph = helper.make_graph(
         [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
@@ -521,7 +524,22 @@ def _ort_session(rows: int, cols: int, dtype: str, threads: int):
     model.ir_version = 8
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    binding = sess.io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_output("y", "cpu", 0, x.dtype, y.shape, y.ctypes.data)
+    return lambda: sess.run_with_iobinding(binding)
+
+
+def cpu_kernel(func, kind: str, target):
+    """A CPU kernel written by (some version of) ``softmax_tir.cpu``, rows in parallel as the rule schedules them,
+    compiled for ``target``: the function the benchmarks' side-by-side comparisons call."""
+    import tvm
+
+    from schedules.softmax import parallel_rows
+
+    mod = tvm.IRModule({"main": parallel_rows(func, kind).mod["main"].with_attr("global_symbol", "main")})
+    return tvm.compile(mod, target=target)["main"]
 
 
 def run_cpu(out: Path) -> None:
@@ -546,10 +564,6 @@ def run_cpu(out: Path) -> None:
             ref = reference(x, "softmax")
             nbytes = 2 * x.nbytes
             copy_tbps = nbytes / _cpu_bench(lambda: np.copyto(y, x), 30) / 1e9
-            sess = _ort_session(rows, cols, dt, threads)
-            binding = sess.io_binding()
-            binding.bind_cpu_input("x", x)
-            binding.bind_output("y", "cpu", 0, x.dtype, y.shape, y.ctypes.data)
 
             def numpy_softmax():
                 e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -559,7 +573,7 @@ def run_cpu(out: Path) -> None:
                 "tvmpipe": lambda: exe[_name("tvmpipe", "softmax", dt, rows, cols)](xt, yt),
                 "tvm-default": lambda: exe[_name("tvm-default", "softmax", dt, rows, cols)](xt, yt),
                 "numpy": numpy_softmax,
-                "onnxruntime": lambda: sess.run_with_iobinding(binding),
+                "onnxruntime": ort_softmax(x, y, threads),
             }
             errs = {}
             for impl, fn in impls.items():

@@ -241,19 +241,27 @@ def cpu_prefetch(rows: int, cols: int, dtype: str, target: Target) -> bool:
     return rows > 1 and cols * tvm.DataType(dtype).bits // 8 <= limit
 
 
-def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) -> s_tir.Schedule:
-    """Rows in parallel, each row's passes vectorised to the target's vector width."""
+def cpu_lanes(target: Target) -> int:
+    """float32 lanes per step of the CPU kernel: two vector registers, two independent chains for the running max and
+    sum. Against one, in one process with onnxruntime interleaved (best of 30, benchmarks/softmax.py's CPU shapes):
+    1.00-1.18x on AVX-512, 1.05-1.60x as AVX2 code; four (AVX-512) won on some shapes and lost 14 % on 8 x 262144."""
     from tvm.target.codegen import llvm_get_vector_width
 
-    # two vector registers per step: two independent chains for the running max and sum. Against one, in one process
-    # with onnxruntime interleaved (best of 30, benchmarks/softmax.py's CPU shapes): 1.00-1.18x on AVX-512, 1.05-1.60x
-    # as AVX2 code; four (AVX-512) won on some shapes and lost 14 % on 8 x 262144 float32
-    lanes = 2 * max(4, llvm_get_vector_width(target) // 32)
-    prefetch = cpu_prefetch(rows, cols, dtype, target)
-    scratch = dtype != softmax_tir.ACC  # float16: exp(x - max) kept in a float32 row buffer, not recomputed
-    sch = _schedule(softmax_tir.cpu(rows, cols, dtype, kind, lanes, prefetch, scratch), kind)
+    return 2 * max(4, llvm_get_vector_width(target) // 32)
+
+
+def parallel_rows(func: tirx.PrimFunc, kind: str) -> s_tir.Schedule:
+    """The schedule of a CPU kernel ``softmax_tir.cpu`` wrote: its rows in parallel."""
+    sch = _schedule(func, kind)
     sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
     return sch
+
+
+def schedule_cpu(rows: int, cols: int, dtype: str, kind: str, target: Target) -> s_tir.Schedule:
+    """Rows in parallel, each row's passes vectorised to the target's vector width."""
+    prefetch = cpu_prefetch(rows, cols, dtype, target)
+    scratch = dtype != softmax_tir.ACC  # float16: exp(x - max) kept in a float32 row buffer, not recomputed
+    return parallel_rows(softmax_tir.cpu(rows, cols, dtype, kind, cpu_lanes(target), prefetch, scratch), kind)
 
 
 # ---------------------------------------------------------------- the rule

@@ -16,7 +16,8 @@ from onnx import TensorProto as TP
 from onnx import helper
 from tvm.script import tirx as T
 
-from benchmarks.softmax import CHECK_COLS, CHECK_ROWS, PLAN_SHAPES, compile_cases, mismatches, reference, sample
+from benchmarks.softmax import (CHECK_COLS, CHECK_ROWS, PLAN_SHAPES, compile_cases, cpu_kernel, mismatches, reference,
+                                sample)
 import cuda_emu
 from compiler import targets
 from helpers import compile_and_compare, make_model, rel_err, run_cli, save
@@ -58,12 +59,10 @@ def test_cpu_kernel_tail_step(rng, lanes, cols):
     target = targets.resolve("cpu").target
     for dtype in S.DTYPES:
         for kind in S.KINDS:
-            sch = S._schedule(softmax_tir.cpu(9, cols, dtype, kind, lanes, True, dtype != "float32"), kind)
-            sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
-            kernel = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+            kernel = cpu_kernel(softmax_tir.cpu(9, cols, dtype, kind, lanes, True, dtype != "float32"), kind, target)
             x = sample(9, cols, dtype, rng)
             y = tvm.runtime.tensor(np.full_like(x, np.nan))
-            kernel["main"](tvm.runtime.tensor(x), y)
+            kernel(tvm.runtime.tensor(x), y)
             bad, err = mismatches(y.numpy(), x, kind)
             assert bad == 0, f"{dtype} {kind}: {bad} elements off (max err {err:.2e})"
 

@@ -21,38 +21,30 @@ SHAPES = [(1024, 1024), (512, 2048), (256, 4096), (128, 16384), (32, 32768), (64
 
 def main() -> None:
     import tvm
-    from tvm.target.codegen import llvm_get_vector_width
 
-    from benchmarks.softmax import _cpu_bench_interleaved, _ort_session
+    from benchmarks.softmax import _cpu_bench_interleaved, cpu_kernel, ort_softmax
     from compiler import targets
-    from schedules import softmax as sm
     from schedules import softmax_tir
+    from schedules.softmax import cpu_lanes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("run1.json"))
     args = ap.parse_args()
     info = targets.resolve("cpu")
-    lanes = 2 * max(4, llvm_get_vector_width(info.target) // 32)  # (as schedule_cpu)
 
     def build(rows: int, cols: int, prefetch: bool):
-        sch = sm._schedule(softmax_tir.cpu(rows, cols, "float32", "softmax", lanes, prefetch), "softmax")
-        sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
-        mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
-        return tvm.compile(mod, target=info.target)["main"]
+        func = softmax_tir.cpu(rows, cols, "float32", "softmax", cpu_lanes(info.target), prefetch)
+        return cpu_kernel(func, "softmax", info.target)
 
     rng, records = np.random.default_rng(0), []
     for run in range(args.runs):
         for rows, cols in SHAPES:
             xt = tvm.runtime.tensor((rng.standard_normal((rows, cols)) * 4).astype("float32"))
             yt = tvm.runtime.empty((rows, cols), "float32")
-            x, y = np.from_dlpack(xt), np.from_dlpack(yt)
-            sess = _ort_session(rows, cols, "float32", info.cores)
-            bind = sess.io_binding()
-            bind.bind_cpu_input("x", x)
-            bind.bind_output("y", "cpu", 0, x.dtype, y.shape, y.ctypes.data)
             on, off = build(rows, cols, True), build(rows, cols, False)
-            fns = {"onnxruntime": lambda: sess.run_with_iobinding(bind), "prefetch": lambda: on(xt, yt),
+            fns = {"onnxruntime": ort_softmax(np.from_dlpack(xt), np.from_dlpack(yt), info.cores),
+                   "prefetch": lambda: on(xt, yt),
                    "no-prefetch": lambda: off(xt, yt)}
             best = _cpu_bench_interleaved(fns, dict.fromkeys(fns, 60))
             rec = {"run": run, "rows": rows, "cols": cols, "row_kb": cols * 4 / 1024,

@@ -39,43 +39,36 @@ def baseline_module(commit: str):
 
 def main() -> None:
     import tvm
-    from tvm.target.codegen import llvm_get_vector_width
 
-    from benchmarks.softmax import _cpu_bench_interleaved, _ort_session
+    from benchmarks.softmax import _cpu_bench_interleaved, cpu_kernel, ort_softmax
     from compiler import targets
-    from schedules import softmax as sm
     from schedules import softmax_tir
+    from schedules.softmax import cpu_lanes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", default="c8fe67e", help="commit whose scalar tail is compared")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("run1.json"))
     args = ap.parse_args()
     info = targets.resolve("cpu")
-    lanes = 2 * max(4, llvm_get_vector_width(info.target) // 32)  # (as schedule_cpu)
+    lanes = cpu_lanes(info.target)
     old_module = baseline_module(args.baseline)
 
     def build(module, rows: int, cols: int, dtype: str):
         prefetch = rows > 1 and cols * np.dtype(dtype).itemsize <= 256 << 10  # (schedule_cpu's rule at the time)
-        sch = sm._schedule(module.cpu(rows, cols, dtype, "softmax", lanes, prefetch, dtype != "float32"), "softmax")
-        sch.parallel(sch.get_loops(sch.get_sblock("row"))[0])
-        mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")})
-        return tvm.compile(mod, target=info.target)["main"]
+        return cpu_kernel(module.cpu(rows, cols, dtype, "softmax", lanes, prefetch, dtype != "float32"), "softmax",
+                          info.target)
 
     rng, records = np.random.default_rng(0), []
     for rows, cols, dtype in SHAPES:
         xt = tvm.runtime.tensor((rng.standard_normal((rows, cols)) * 4).astype(dtype))
         yt = tvm.runtime.empty((rows, cols), dtype)
-        x, y = np.from_dlpack(xt), np.from_dlpack(yt)
-        sess = _ort_session(rows, cols, dtype, info.cores)
-        bind = sess.io_binding()
-        bind.bind_cpu_input("x", x)
-        bind.bind_output("y", "cpu", 0, x.dtype, y.shape, y.ctypes.data)
         new, old = build(softmax_tir, rows, cols, dtype), build(old_module, rows, cols, dtype)
-        fns = {"onnxruntime": lambda: sess.run_with_iobinding(bind), "tvmpipe": lambda: new(xt, yt),
-               "scalar-tail": lambda: old(xt, yt)}
+        fns = {"onnxruntime": ort_softmax(np.from_dlpack(xt), np.from_dlpack(yt), info.cores),
+               "tvmpipe": lambda: new(xt, yt), "scalar-tail": lambda: old(xt, yt)}
         best = _cpu_bench_interleaved(fns, dict.fromkeys(fns, 60))
         rec = {"rows": rows, "cols": cols, "dtype": dtype, "lanes": lanes, "tail": cols % lanes,
-               **{f"{k}_ms": v for k, v in best.items()}, "speedup_vs_scalar_tail": best["scalar-tail"] / best["tvmpipe"],
+               **{f"{k}_ms": v for k, v in best.items()},
+               "speedup_vs_scalar_tail": best["scalar-tail"] / best["tvmpipe"],
                "vs_onnxruntime": best["onnxruntime"] / best["tvmpipe"],
                "scalar_tail_vs_onnxruntime": best["onnxruntime"] / best["scalar-tail"],
                "cpu": info.isa_summary(), "threads": info.cores, "baseline": args.baseline}
