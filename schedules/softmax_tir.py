@@ -207,7 +207,7 @@ def stream_vectors(cols: int, vec: int) -> int:
 
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
-                chunks: int = 1, kept_exp: bool = True):
+                chunks: int = 1, kept_exp: bool = True, cluster: bool = False):
     """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
     (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
     online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
@@ -233,7 +233,9 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       behind one barrier: ``exchange``) and does pass 2 on its chunk, still on chip: one read from memory where the
       two kernels this replaces read twice (their second read came from DRAM, even for 32 MB). A block whose row's
       partials do not all come within ``SPLIT_WAIT_NS`` (its row's blocks not all resident) reads the whole row
-      itself, so it stays correct, if slow, on a GPU with fewer SMs than planned for.
+      itself, so it stays correct, if slow, on a GPU with fewer SMs than planned for. ``cluster`` (sm_90+): a row's
+      blocks are launched as one thread-block cluster, which the GPU schedules all at once, so that they are resident
+      together however many blocks the launch has (several waves of rows); the exchange is the same.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
@@ -508,42 +510,51 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 absorb(xs, ev, st, it, False)
             merge(st, red, tx)
 
+    @T.macro
+    def block(xf, yf, b):
+        """Block b: its row's (or chunk's) two passes."""
+        for tx in T.thread_binding(L, thread="threadIdx.x"):
+            with T.sblock("softmax_stream"):
+                T.reads()
+                T.writes()
+                xv = T.alloc_buffer((U, V), dtype, scope="local")
+                # a cached step, from keep; the next step from memory; or (split) a step of another chunk
+                xs = T.alloc_buffer((U, V), dtype, scope="local")
+                ev = T.alloc_buffer((U, V) if keep_exp else (1,), f32, scope="local")  # resident: exp(x - own max)
+                # max, sum; a peer's max, sum / a step's max; scratch; the thread's own max
+                st = T.alloc_buffer((6,), f32, scope="local")
+                ms = T.alloc_buffer((C,) if kept16 and C > 0 else (1,), f32, scope="local")  # max after each cached step
+                red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
+                keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
+                # split: the taking warps' (max, sum), whether all their partials came, the launch's epoch (static
+                # shared memory, which TVM's barrier planning tells apart from the dynamic: no extra barriers)
+                xch = T.alloc_buffer((2, TW), f32, scope="shared")
+                came = T.alloc_buffer((TW,), "uint64", scope="shared")
+                epoch = T.alloc_buffer((1,), "uint64", scope="shared")
+                tick = T.alloc_buffer((2,), "uint64", scope="local")  # split: the epoch; whether all came
+                if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
+                    tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
+                                               return_type="uint64")
+                pass1(xv, xs, ev, st, ms, keep, xf, b // P, b % P, tx)
+                st[5] = st[0]
+                if P > 1 and tx == 0:  # (for the taking warps, behind the block merge's barriers)
+                    epoch[0] = tick[0]
+                merge(st, red, tx)
+                if P > 1:
+                    exchange(st, xs, ev, red, xch, came, epoch, tick, xf, b // P, b, tx)
+                pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
+
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
         xf = T.decl_buffer((rows * cols,), dtype, data=x.data)
         yf = T.decl_buffer((rows * cols,), dtype, data=y.data)
         for b in T.thread_binding(rows * P, thread="blockIdx.x"):
-            for tx in T.thread_binding(L, thread="threadIdx.x"):
-                with T.sblock("softmax_stream"):
-                    T.reads()
-                    T.writes()
-                    xv = T.alloc_buffer((U, V), dtype, scope="local")
-                    # a cached step, from keep; the next step from memory; or (split) a step of another chunk
-                    xs = T.alloc_buffer((U, V), dtype, scope="local")
-                    ev = T.alloc_buffer((U, V) if keep_exp else (1,), f32, scope="local")  # resident: exp(x - own max)
-                    # max, sum; a peer's max, sum / a step's max; scratch; the thread's own max
-                    st = T.alloc_buffer((6,), f32, scope="local")
-                    ms = T.alloc_buffer((C,) if kept16 and C > 0 else (1,), f32, scope="local")  # max after each cached step
-                    red = T.alloc_buffer((2, W), f32, scope="shared.dyn")
-                    keep = T.alloc_buffer(keep_shape, dtype, scope="shared.dyn")  # [step, u, thread, v]
-                    # split: the taking warps' (max, sum), whether all their partials came, the launch's epoch (static
-                    # shared memory, which TVM's barrier planning tells apart from the dynamic: no extra barriers)
-                    xch = T.alloc_buffer((2, TW), f32, scope="shared")
-                    came = T.alloc_buffer((TW,), "uint64", scope="shared")
-                    epoch = T.alloc_buffer((1,), "uint64", scope="shared")
-                    tick = T.alloc_buffer((2,), "uint64", scope="local")  # split: the epoch; whether all came
-                    if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
-                        tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
-                                                   return_type="uint64")
-                    pass1(xv, xs, ev, st, ms, keep, xf, b // P, b % P, tx)
-                    st[5] = st[0]
-                    if P > 1 and tx == 0:  # (for the taking warps, behind the block merge's barriers)
-                        epoch[0] = tick[0]
-                    merge(st, red, tx)
-                    if P > 1:
-                        exchange(st, xs, ev, red, xch, came, epoch, tick, xf, b // P, b, tx)
-                    pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
+            if cluster:  # (a parse-time branch; blockIdx.x still counts blocks, the rank is b % P)
+                for _rank in T.thread_binding(P, thread="clusterCtaIdx.x"):
+                    block(xf, yf, b)
+            else:
+                block(xf, yf, b)
 
     return func
 

@@ -495,6 +495,10 @@ def _helpers(preamble: str) -> str:
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|fence_proxy)_\w+", name):
             # (wgmma complete at issue: its fences have nothing to order)
             defs.append(f"static inline void {name}() {{}}")
+        elif name == "tvm_builtin_cluster_ctaid_x":  # (%cluster_ctarank of a cluster along x)
+            defs.append(f"static int emu_cluster_x = 1;\n"
+                        f'extern "C" void emu_set_cluster(int x) {{ emu_cluster_x = x; }}\n'
+                        f"static inline unsigned {name}() {{ return blockIdx.x % emu_cluster_x; }}")
         elif name == "tvm_builtin_cuda_cvta_generic_to_shared":
             defs.append(f"static inline unsigned {name}(void* p) {{ return __cvta_generic_to_shared(p); }}")
         else:
@@ -527,14 +531,15 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     return ctypes.CDLL(str(lib)), [p.removesuffix("_ptr") for _, p in params]
 
 
-def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], int, int]:
-    """(grid, threads, dynamic shared bytes) of ``name`` from the printed lowered host function."""
+def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], int, int, int]:
+    """(grid, threads, dynamic shared bytes, blocks per cluster along x) of ``name`` from the printed lowered host
+    function."""
     m = re.search(rf'T\.call_ffi_kernel\("{name}", (.*?), launch_params=\[(.*?)\]', host_script)
     tags = [t.strip().strip('"') for t in m.group(2).split(",")]
     values = [int(re.sub(r"T\.int\d+\((\d+)\)", r"\1", v)) for v in _split_top(m.group(1), ",")[-len(tags):]]
     dims = dict(zip(tags, values))
     grid = tuple(dims.get(f"blockIdx.{a}", 1) for a in "xyz")
-    return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0)
+    return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0), dims.get("clusterCtaIdx.x", 1)
 
 
 def tensor_maps(host_script: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -560,15 +565,20 @@ def cuda_source(func, target, symbol: str = "main") -> str:
     return [m for m in exe.mod._collect_from_import_tree(lambda m: m.kind == "cuda")][0].inspect_source("cuda")
 
 
-def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> None:
-    """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place),
-    each kernel it launches (one per output of a Split) in turn; arrays are named by kernel parameter."""
+def host_script(func, target) -> str:
+    """The printed host function of PrimFunc ``func`` lowered for CUDA ``target`` as ``emu`` (its kernels' launches)."""
     import tvm
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     mod = tvm.IRModule({"emu": func.with_attr("global_symbol", "emu").with_attr("target", target)})
     with target:
-        host = default_s_tir_pipeline()[0](mod)["emu"].script()
+        return default_s_tir_pipeline()[0](mod)["emu"].script()
+
+
+def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> None:
+    """Build PrimFunc ``func`` for CUDA ``target`` and run it on the CPU on ``arrays`` (outputs written in place),
+    each kernel it launches (one per output of a Split) in turn; arrays are named by kernel parameter."""
+    host = host_script(func, target)
     source = cuda_source(func, target, "emu")
     # global scratch the host function allocates for its kernels (e.g. partial results one kernel leaves the next),
     # filled with garbage as device memory is
@@ -576,11 +586,15 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
                for name, n, dtype in re.findall(r'(\w+) = T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?\)', host)}
     with tempfile.TemporaryDirectory() as tmp:
         for name in re.findall(r'T\.call_ffi_kernel\("(emu_kernel\w*)"', host):
-            grid, threads, smem = launch_config(host, name)
+            grid, threads, smem, cluster = launch_config(host, name)
+            # (as CUDA's launch requires; the blocks of a cluster still run one at a time here, not side by side)
+            assert grid[0] % cluster == 0, f"{name}: {grid[0]} blocks in clusters of {cluster}"
             (Path(tmp) / name).mkdir()
             lib, names = compile_kernel(source, name, Path(tmp) / name)
             args = {**scratch, **arrays, **tensor_maps(host, arrays)}
             ptrs = (ctypes.c_void_p * len(names))(*[args[n].ctypes.data for n in names])
+            if hasattr(lib, "emu_set_cluster"):  # (a kernel that reads its cluster rank)
+                lib.emu_set_cluster(cluster)
             # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
             launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)
             launch.start()

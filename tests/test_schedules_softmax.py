@@ -4,8 +4,10 @@ The numerics contract (``reference``, ``sample`` with special values, ``mismatch
 check in ``benchmarks/softmax.py``, which runs the same cases on the H200.
 """
 
+import dataclasses
 import inspect
 import json
+import re
 import zipfile
 
 import numpy as np
@@ -157,6 +159,29 @@ def test_cuda_stream_kernel_emulated(rng, rows, cols, dtype, lanes, per_thread, 
     x = sample(rows, cols, dtype, rng)
     arrays = {"xf": x, "yf": np.full_like(x, np.nan)}  # the kernel's flat views of x and y
     cuda_emu.run(func, targets.resolve("cuda-sm90").target, arrays)
+    bad, err = mismatches(arrays["yf"], x, kind)
+    assert bad == 0, f"{bad} elements off (max err {err:.2e})"
+
+
+@pytest.mark.parametrize("kind", S.KINDS)
+def test_cuda_stream_cluster_emulated(rng, kind):
+    """A split whose row's blocks form one thread-block cluster (``CudaPlan.cluster``): launched over rows x chunks
+    blocks in clusters of ``chunks`` (blockIdx.x still counts blocks, so a row's blocks stay b // chunks), with the
+    same results as the split (emulated: the blocks one after another, each finding its row's partials missing but the
+    first; the exchange itself is in the split cases above); the CUDA otherwise the split's."""
+    rows, cols, dtype = 5, 1023, "float32"
+    plan = S.CudaPlan(32, 4, 2, cache="l2", cached=1, chunks=3, cluster=True)
+    func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
+    target = targets.resolve("cuda-sm90").target
+    grid, _, _, cluster = cuda_emu.launch_config(cuda_emu.host_script(func, target), "emu_kernel")
+    assert (grid, cluster) == ((rows * 3, 1, 1), 3)
+    split = S.schedule_cuda(rows, cols, dtype, kind, dataclasses.replace(plan, cluster=False)).mod["main"]
+    helper = re.compile(r"__forceinline__ __device__ unsigned int tvm_builtin_cluster_ctaid_x\(\) \{.*?\n\}\n", re.S)
+    src = cuda_emu.cuda_source(func, target, "k")
+    assert helper.search(src) and helper.sub("", src) == cuda_emu.cuda_source(split, target, "k")  # (the rank unread)
+    x = sample(rows, cols, dtype, rng)
+    arrays = {"xf": x, "yf": np.full_like(x, np.nan)}
+    cuda_emu.run(func, target, arrays)
     bad, err = mismatches(arrays["yf"], x, kind)
     assert bad == 0, f"{bad} elements off (max err {err:.2e})"
 
