@@ -118,6 +118,7 @@ class CudaPlan:
     cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
     kept_exp: bool = True  # block kernel, streamed float16 / bfloat16 softmax: exp(x - m) kept on chip, not recomputed
     cluster: bool = False  # split (sm_90+): a row's chunks launched as one thread-block cluster (resident together)
+    dsmem: bool = False  # cluster split: partials exchanged in distributed shared memory, not through global memory
 
 
 def _ceil(a: int, b: int) -> int:
@@ -217,7 +218,8 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
     if plan.cache == "l2" or plan.lanes > 32:  # the block kernel, a kernel already: nothing to schedule
         return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
-                                                 plan.cached, plan.chunks, plan.kept_exp, plan.cluster), kind)
+                                                 plan.cached, plan.chunks, plan.kept_exp, plan.cluster,
+                                                 plan.dsmem), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])
