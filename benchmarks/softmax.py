@@ -351,9 +351,10 @@ def graph_replays(fn, case: dict, device: str, rng: np.random.Generator, replays
     return records
 
 
-def run(out: Path, baselines: list[Path] = ()) -> None:
+def run(out: Path, baselines: list[Path] = (), shapes: list[tuple[int, int]] | None = None) -> None:
     """Check and time every GPU case; ``baselines``: other builds' tvmpipe kernels (say, the previous commit's)
-    timed beside them, recorded as impl "tvmpipe-baseline" (and the folder's name) with the variants."""
+    timed beside them, recorded as impl "tvmpipe-baseline" (and the folder's name) with the variants; ``shapes``:
+    time only these (rows, cols) and skip the odd-size checks (a re-run of some shapes' variants)."""
     import torch
     import tvm
     import tvm_ffi
@@ -375,7 +376,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
     records, variants, checks = [], [], []
     shuffle = random.Random(0).shuffle
     with tvm_ffi.use_torch_stream():
-        for rows, cols in GPU_SHAPES + FEW_ROWS_SHAPES:
+        for rows, cols in [s for s in GPU_SHAPES + FEW_ROWS_SHAPES if shapes is None or s in shapes]:
             for dt in DTYPES:
                 x = torch.randn(rows, cols, dtype=tdt[dt], device="cuda") * 4
                 y = torch.empty_like(x)
@@ -427,7 +428,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
                           f"(copy {copy_tbps:.2f}) err {record['max_err']:.1e} {record['schedule']}", flush=True)
                 del x, y, ref, timed, fns
         rng = np.random.default_rng(0)
-        for case in (c for c in cases if c["check"]):
+        for case in (c for c in cases if c["check"] and shapes is None):
             x = sample(case["rows"], case["cols"], case["dtype"], rng)
             xg = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16) if bf16(x) else torch.from_numpy(x).cuda()
             yg = torch.full_like(xg, float("nan"))
@@ -439,7 +440,7 @@ def run(out: Path, baselines: list[Path] = ()) -> None:
             print(f"check {case['name']}: {'ok' if bad == 0 else f'{bad} MISMATCHES'} (max err {err:.1e})", flush=True)
         split = next(c for c in cases if c["check"] and c["impl"] == "tvmpipe" and c["kind"] == "softmax"
                      and c["dtype"] == "float32" and c["rows"] * c["cols"] >= 1 << 20 and "chunks=1," not in c["plan"])
-        checks += graph_replays(lib[split["name"]], split, device, rng)
+        checks += graph_replays(lib[split["name"]], split, device, rng) if shapes is None else []
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"softmax-{device}.json"
     path.write_text(json.dumps(records, indent=1))
@@ -716,11 +717,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--baseline", type=Path, nargs="+", default=[],
                    help="--run: also time the tvmpipe kernels of these other --build folders")
+    p.add_argument("--shapes", nargs="+", metavar="ROWSxCOLS",
+                   help="--run: time only these shapes, no odd-size checks (e.g. 128x131072)")
     args = p.parse_args(argv)
     if args.build:
         build(BUILD)
     elif args.run:
-        run(args.out, args.baseline)
+        run(args.out, args.baseline, [tuple(map(int, v.split("x"))) for v in args.shapes] if args.shapes else None)
     elif args.profile:
         profile(args.out)
     elif args.profile_launch:
