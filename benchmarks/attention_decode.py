@@ -48,10 +48,10 @@ CASES = {"gqa": (1, 1, 2048, 32, 8, 128), "gqa_32k": (1, 1, 32768, 32, 8, 128), 
 # name -> (batch, new rows, cached keys, heads, K/V heads, head dim): a Llama-style step at 2048 keys, and batch 8 x 4096
 STEP_CASES = {"gqa_step": (1, 1, 2047, 32, 8, 128), "gqa_b8_step": (8, 1, 4095, 32, 8, 128)}
 # module (of schedules) -> its patched constants: the cache transposed to the kernel's layout first; its append on
-# DLight's default schedule (a select per element: gpu_elementwise took none before); the decode kernel in one launch
+# DLight's default schedule (a select per element: gpu_elementwise took none before)
 STEP_VARIANTS = {"transposed": ("attention", {"_reads_in_place": lambda *_: False}),
-                 "concat-dlight": ("gpu_elementwise", {"uses": lambda *_: True}),
-                 "one-launch": ("attention_cuda_decode", {"ONE_LAUNCH": True})}
+                 "concat-dlight": ("gpu_elementwise", {"uses": lambda *_: True,
+                                                       "_innermost_seams": lambda *_: None})}
 
 
 def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int = 0) -> None:
@@ -75,12 +75,11 @@ def attention_model(path: Path, b, s, skv, h: int, hkv: int, d: int, past: int =
 
 # other builds timed beside the default one (``tvmpipe``), by the module constants each is compiled with: the prefill
 # kernels the decode kernel replaced; the decode kernel's two forms (``on_tensor_cores``; SIMT only up to MAX_SEQ_Q
-# query rows), one of them the default; the chunks merged by each row block's last CTA, not a second kernel
-# (``ONE_LAUNCH``)
+# query rows), one of them the default
 VARIANTS = {"prefill": {"fits": lambda *_: False}, "simt": {"on_tensor_cores": lambda *_: False},
-            "tc": {"on_tensor_cores": lambda *_: True}, "one-launch": {"ONE_LAUNCH": True}}
+            "tc": {"on_tensor_cores": lambda *_: True}}
 # ... and those of them a query length over MAX_SEQ_Q takes (only the tensor-core form runs there)
-LONG_VARIANTS = ("prefill", "one-launch")
+LONG_VARIANTS = ("prefill",)
 # with ``--variants``, also the tensor-core form with one of its constants changed (to choose them, as
 # ``rerun/attention-decode-variants/`` chose the SIMT form's): ring steps, bytes of K per warp step, warps, CTAs per SM
 TC_VARIANTS = {f"tc-{name}": {"on_tensor_cores": lambda *_: True, **patch} for name, patch in {
@@ -189,9 +188,8 @@ def run(out: Path) -> None:
                "kv_bytes": 2 * b * skv * hkv * d * 2}
         turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms}
         built = [v for v in ("graph", *VARIANTS, *TC_VARIANTS) if (BUILD / f"{name}-{v}.tvmpkg").exists()]
-        other_of = {}
         for variant in built:
-            other = other_of[variant] = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
+            other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
             rec[f"{variant}_rel_err"] = check(other, *case)[2]
             turns[f"tvmpipe-{variant}"] = lambda r=other: r.time(x, repeat=REPEAT, warmup=5).ms
         for impl, backend in (("torch", None), ("torch-flash", SDPBackend.FLASH_ATTENTION),
@@ -207,22 +205,13 @@ def run(out: Path) -> None:
         turns["torch-graph-pipelined"] = lambda: [t / PIPELINE for t in cuda_ms(
             lambda: [replay() for _ in range(PIPELINE)], repeat=REPEAT, warmup=1)]
         turns["tvmpipe-pipelined"] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5, number=PIPELINE).ms
-        if "one-launch" in built:
-            turns["tvmpipe-one-launch-pipelined"] = lambda r=other_of["one-launch"]: r.time(
-                x, repeat=REPEAT, warmup=5, number=PIPELINE).ms
         time_all(rec, turns)
         rec["kernels_us"] = {"tvmpipe": kernel_us(runner.bound(x)), "torch-graph": kernel_us(replay)}
-        if "one-launch" in other_of:
-            rec["kernels_us"]["tvmpipe-one-launch"] = kernel_us(other_of["one-launch"].bound(x))
         rec["tvmpipe_tbps"] = rec["kv_bytes"] / rec["tvmpipe_ms"] / 1e9
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]  # both replayed as graphs
         rec["pipelined_torch-graph_vs_tvmpipe"] = rec["torch-graph-pipelined_ms"] / rec["tvmpipe-pipelined_ms"]
         rec["prefill_vs_tvmpipe"] = rec["tvmpipe-prefill_ms"] / rec["tvmpipe_ms"]
-        if "tvmpipe-one-launch_ms" in rec:  # > 1: one launch is faster
-            rec["one-launch_vs_tvmpipe"] = rec["tvmpipe_ms"] / rec["tvmpipe-one-launch_ms"]
-            rec["pipelined_one-launch_vs_tvmpipe"] = (rec["tvmpipe-pipelined_ms"]
-                                                      / rec["tvmpipe-one-launch-pipelined_ms"])
         if "tvmpipe-simt_ms" in rec:  # > 1: the tensor-core form is faster
             rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]
         print(json.dumps(rec), flush=True)
@@ -261,7 +250,6 @@ def run(out: Path) -> None:
         rec["kernels_us"] = {"tvmpipe": kernel_us(ours), "torch-graph": kernel_us(replay)}
         rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]
         rec["concat-dlight_vs_tvmpipe"] = rec["tvmpipe-concat-dlight_ms"] / rec["tvmpipe_ms"]
-        rec["one-launch_vs_tvmpipe"] = rec["tvmpipe_ms"] / rec["tvmpipe-one-launch_ms"]  # > 1: one launch is faster
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]
         print(json.dumps(rec), flush=True)
         save(rec)

@@ -7,8 +7,7 @@ at memory speed, so here (``Chunks``) a CTA takes one (batch, key/value head) an
 of the group (``group x seq_q`` rows, so K and V are read once for all of them); there are enough chunks to fill the GPU
 ``WAVES`` times. Each part of the CTA keeps an online softmax (in base 2, the scale folded in; with a bias, natural
 units) of its keys; the parts merge through shared memory at the end, and the chunks' (max, sum, output) go to a
-workspace that a second kernel merges per row (flash-decoding's combine; a single chunk writes the output directly),
-or with ``ONE_LAUNCH`` the last CTA of the row block to finish (counted on arrival) merges them in the same launch.
+workspace that a second kernel merges per row (flash-decoding's combine; a single chunk writes the output directly).
 
 On CUDA cores (``simt_body``; any dtype, key rows in 16-byte loads over a power of two of lanes):
 
@@ -65,32 +64,6 @@ WAVES = 2  # chunks aimed for: this many CTAs per SM in all
 TC_WARPS = 4  # warps per CTA of the tensor-core form, each streaming its own keys
 TC_STAGES = 3  # steps in each warp's cp.async ring
 TC_STEP_BYTES = 4096  # bytes of K (and as many of V) per warp step
-# Chunks merged in the same launch, by the last CTA of each row block to finish (``Chunks.one_launch``), instead of by
-# a second kernel: off until timed on a GPU (benchmarks/attention_decode.py builds it as "one-launch"). Its arrival
-# counters sit in the module's static device memory, reset by that last CTA, so launches of a kernel must not overlap
-# (one stream), as for the softmax split's slots; up to ONE_LAUNCH_SLOTS row blocks a launch, counted at compile time
-# (a batch known only at run time keeps the second kernel).
-ONE_LAUNCH = False
-ONE_LAUNCH_SLOTS = 4096
-_ARRIVE_SRC = f"""
-#ifndef TVMPIPE_DECODE_ARRIVE
-#define TVMPIPE_DECODE_ARRIVE
-__device__ unsigned tvmpipe_decode_count[{ONE_LAUNCH_SLOTS}];  // per row block: its chunks done (0 between launches)
-// Whether this CTA (its workspace writes fenced) is the last of n to arrive at slot; the last one resets the slot.
-__forceinline__ __device__ int tvmpipe_decode_arrive(int slot, int n) {{
-  if (atomicAdd(tvmpipe_decode_count + slot, 1u) != (unsigned)(n - 1)) return 0;
-  atomicExch(tvmpipe_decode_count + slot, 0u);
-  __threadfence();
-  return 1;
-}}
-#endif
-"""
-
-
-def _l2(buf, index):
-    """``buf[index]`` read from L2 (``ld.global.cg``): the workspace that other CTAs of this launch wrote, which a
-    line cached in this SM's L1 (a neighbouring row block's merge) could hold from before."""
-    return T.call_extern("float32", "__ldcg", buf.ptr_to(index))
 
 
 def layout(spec) -> tuple[int, int, int] | None:
@@ -164,7 +137,7 @@ class Chunks:
 
     A CTA of ``nt`` threads takes ``r`` rows of a key/value head's group (a row block) and a chunk of keys, ``ks``
     keys per step; partial softmaxes merge first across the CTA (``finish``, from shared memory), then across chunks
-    (the second kernel of ``launch``, or with ``one_launch`` the row block's last CTA to finish)."""
+    (the second kernel of ``launch``)."""
 
     def __init__(self, spec, r: int, ks: int, nt: int):
         G, sq, skv = spec.group, spec.seq_q, spec.seq_kv
@@ -181,8 +154,6 @@ class Chunks:
         self.per_cta = static(T.max(1, (self.steps * spec.batch * spec.kv_heads * self.NRB + ctas - 1) // ctas))
         self.nc = (self.steps + self.per_cta - 1) // self.per_cta  # chunks per (batch, key/value head, row block)
         self.split = not isinstance(self.nc, int) or self.nc > 1
-        slots = spec.batch * spec.kv_heads * self.NRB
-        self.one_launch = ONE_LAUNCH and self.split and isinstance(slots, int) and slots <= ONE_LAUNCH_SLOTS
         # scores in base 2 (the scale and log2(e) folded in); with a bias, in natural units, each exponent's argument
         # then multiplied by log2(e): a float32 bias of -FLT_MAX (a mask, as exported) times log2(e) would be -inf,
         # and a row masked so everywhere would give NaN where the unfused graph gives the mean of V
@@ -236,7 +207,7 @@ class Chunks:
         row and column by its threads, into the workspace (chunks to merge) or the output."""
         spec, R, NT, D, dtype, merged = self.spec, self.R, self.NT, self.spec.head_dim, self.spec.dtype, self.merged()
         HKV, RG, nc, split, below, q_index = spec.kv_heads, self.RG, self.nc, self.split, self.below, self.q_index
-        rows, NRB, one_launch, combine = self.rows, self.NRB, self.one_launch, self.combine()
+        rows = self.rows
 
         @T.macro
         def finish(red, ro, parts, acc, out, wm, wl, wo, c, hk, rb, b, tx):
@@ -252,36 +223,19 @@ class Chunks:
                             wl[w] = acc[2]
                     else:
                         out[q_index(b, hk, rb, r, d)] = T.Cast(dtype, acc[3] / acc[2])
-            if one_launch:  # the row block's chunks merged here by its last CTA (every thread's writes fenced first)
-                last = T.alloc_buffer((1,), "int32", scope="shared")
-                mine = T.alloc_buffer((1,), "int32", scope="local")  # (TVM's barrier planning reads no shared test)
-                T.evaluate(T.call_extern("void", "__threadfence"))
-                T.tvm_storage_sync("shared")
-                if tx == 0:
-                    last[0] = T.cuda.func_call("tvmpipe_decode_arrive", (b * HKV + hk) * NRB + rb, nc,
-                                               source_code=_ARRIVE_SRC, return_type="int32")
-                T.tvm_storage_sync("shared")
-                mine[0] = last[0]
-                if mine[0] != 0:
-                    for i in T.unroll((R * D + NT - 1) // NT):
-                        r, d = T.meta_var((i * NT + tx) // D), T.meta_var((i * NT + tx) % D)
-                        if i * NT + tx < R * D and below(rb * R + r, rows):
-                            combine(wm, wl, wo, out, rb * R + r, hk, b, d, acc, _l2)
 
         return finish
 
     def combine(self):
-        """Macro ``combine(wm, wl, wo, out, r, hk, b, d, acc, load)``: row r of (b, hk)'s group, column d, from its
-        chunks' workspace entries (each read by ``load(buffer, index)``; 0 / 0 = NaN: a fully masked row, as the
-        unfused graph)."""
+        """Macro ``combine(wm, wl, wo, out, r, hk, b, d, acc)``: row r of (b, hk)'s group, column d, from its chunks'
+        workspace entries (0 / 0 = NaN: a fully masked row, as the unfused graph)."""
         spec, merged, dtype, RG, nc = self.spec, self.merged(), self.spec.dtype, self.RG, self.nc
         HKV, G, sq = spec.kv_heads, spec.group, spec.seq_q
 
         @T.macro
-        def combine(wm, wl, wo, out, r, hk, b, d, acc, load):
+        def combine(wm, wl, wo, out, r, hk, b, d, acc):
             w0 = T.meta_var((b * HKV + hk) * nc * RG + r)
-            merged(acc, nc, lambda c: load(wm, [w0 + c * RG]), lambda c: load(wl, [w0 + c * RG]),
-                   lambda c: load(wo, [w0 + c * RG, d]))
+            merged(acc, nc, lambda c: wm[w0 + c * RG], lambda c: wl[w0 + c * RG], lambda c: wo[w0 + c * RG, d])
             out[b, r % sq, hk * G + r // sq, d] = T.Cast(dtype, acc[3] / acc[2])
 
         return combine
@@ -307,7 +261,7 @@ class Chunks:
                                 T.reads()
                                 T.writes()
                                 cta(q, k, v, bias, out, wm, wl, wo, c, y // NRB, y % NRB, b, tx)
-            if self.split and not self.one_launch:
+            if self.split:
                 for r in T.thread_binding(RG, thread="blockIdx.x"):
                     for hk in T.thread_binding(HKV, thread="blockIdx.y"):
                         for b in T.thread_binding(batch, thread="blockIdx.z"):
@@ -317,7 +271,7 @@ class Chunks:
                                     T.writes()
                                     if below(r, rows):
                                         acc = T.alloc_buffer((4,), f32, scope="local")
-                                        combine(wm, wl, wo, out, r, hk, b, d, acc, lambda buf, i: buf[tuple(i)])
+                                        combine(wm, wl, wo, out, r, hk, b, d, acc)
 
         return body
 

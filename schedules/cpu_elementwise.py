@@ -56,7 +56,7 @@ class CpuElementwise(ScheduleRule):
         vectorize, widest = not calls(func, NO_VECTOR_LOWERING), vector_shape(target, "float32")[0]
         cores = int(target.attrs.get("num-cores", 1))
         for block in outputs:
-            if not (_partition(sch, block, widest, vectorize, cores) if _conditions(sch.get(block).body)
+            if not (_partition(sch, block, widest, vectorize, cores) if if_then_else_conditions(sch.get(block).body)
                     else _parallel_vectors(sch, block, widest, vectorize)):
                 return None
         return sch
@@ -118,7 +118,7 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
     size, analyzer = static_size(sch, block), Analyzer()
     for iv in sch.get(block).iter_vars:  # a reshape's index math (j % 56 // 7) simplifies within the domains
         analyzer.bind(iv.var, iv.dom)
-    seams = _cut_points([analyzer.simplify(c) for c in _conditions(sch.get(block).body)])
+    seams = cut_points([analyzer.simplify(c) for c in if_then_else_conditions(sch.get(block).body)])
     if not size or seams is None:
         return False
     subjects = [var for var, _ in seams]
@@ -181,7 +181,7 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
     return True
 
 
-def _conditions(stmt) -> list:
+def if_then_else_conditions(stmt) -> list:
     """The conditions of the ``if_then_else`` calls under ``stmt``."""
     found = []
     is_select = lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.endswith("if_then_else")  # noqa: E731
@@ -194,7 +194,7 @@ _FLIP = {tirx.LT: (0,), tirx.GE: (0,), tirx.LE: (1,), tirx.GT: (1,), tirx.EQ: (0
 _MIRROR = {tirx.LT: tirx.GT, tirx.LE: tirx.GE, tirx.GT: tirx.LT, tirx.GE: tirx.LE, tirx.EQ: tirx.EQ, tirx.NE: tirx.NE}
 
 
-def _cut_points(conditions: list) -> dict[tuple[tirx.Var, int | None], set[int]] | None:
+def cut_points(conditions: list) -> dict[tuple[tirx.Var, int | None], set[int]] | None:
     """{(v, m): points} where every condition is a conjunction of comparisons of block variables ``v`` (or ``v % m``,
     or ``v // d``: a concatenation seen through a reshape) with constants, whose truth changes only at ``points``
     (of ``v % m`` where m is given); empty if all are constant; None otherwise."""
@@ -237,7 +237,7 @@ def _binding(sch: s_tir.Schedule, block) -> dict:
 def selects(sch: s_tir.Schedule, block) -> list:
     """The conditions of ``block``'s selects in terms of its loops' variables."""
     binding = _binding(sch, block)
-    return [substitute(c, binding) for c in _conditions(sch.get(block).body)]
+    return [substitute(c, binding) for c in if_then_else_conditions(sch.get(block).body)]
 
 
 def _decided(sch: s_tir.Schedule, block) -> bool:

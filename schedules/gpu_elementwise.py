@@ -9,9 +9,12 @@ output's innermost axis is split into vectors of ``LANES`` (fewer where the axis
 type the kernel computes in, require: no tail) and the vectors spread over blocks of ``THREADS`` threads.
 TVM's codegen makes a load a vector one where its index is provably a multiple of the lanes (the elementwise
 chains, split columns, the head dimension of a transpose) and gathers it element by element where not.
-Kernels over floating-point buffers only (see ``_float_buffer``). A select (a concatenation, padding) must not
-test the innermost axis: each vector then takes one side of it whole (a KV cache's append along the sequence); a
-concatenation of the innermost axis (rotary embeddings' rotate_half) stays with DLight.
+Kernels over floating-point buffers only (see ``_float_buffer``). Each vector takes one side of a select (a
+concatenation, padding) whole, an if / else of vector loads: a select that does not test the innermost axis (a KV
+cache's append along the sequence) as it is; one that does (rotary embeddings' rotate_half, cat(-x2, x1) along the
+head dim) where every point at which it flips is a multiple of the lanes, its test then rewritten to read the
+vector's first element (``v // lanes * lanes`` for ``v``), which TVM's vectoriser sees as the same for all lanes
+(with ``v`` it scalarises the whole kernel, although the simplifier finds the test lane-uniform afterwards).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import math
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import largest_divisor, uses
-from .cpu_elementwise import inline_to_outputs, selects, static_size
+from .common import largest_divisor, substitute, uses
+from .cpu_elementwise import cut_points, if_then_else_conditions, inline_to_outputs, selects, static_size
 
 THREADS = 256
 VECTOR_BYTES = 16
@@ -50,23 +54,70 @@ class GpuElementwise(ScheduleRule):
         # a vector holds at most 16 bytes of the widest type the kernel computes in (TVM 0.27's CUDA codegen
         # writes a float32x8 constant as make_ulonglong4 of eight floats, which does not compile)
         widest = _widest_computed(func) // 8
+        fits = tuple(v for v in (LANES, 2) if v * widest <= VECTOR_BYTES)
+        lanes_of = {}  # output block -> lanes
         for block in outputs:
+            if not static_size(sch, block):
+                return None
+            last = sch.get_loops(block)[-1]
+            extent = int(sch.get(last).extent)
+            if not any(uses(c, sch.get(last).loop_var) for c in selects(sch, block)):
+                lanes_of[sch.get(block).name_hint] = largest_divisor(extent, fits) or 1
+                continue
+            seams = _innermost_seams(sch, block)
+            lanes = seams is not None and largest_divisor(math.gcd(extent, *seams), fits)
+            if not lanes:  # a select that flips within a vector: left to DLight
+                return None
+            lanes_of[sch.get(block).name_hint] = lanes
+        sch = s_tir.Schedule(_align_selects(sch, outputs, lanes_of))
+        for name, lanes in lanes_of.items():
+            block = sch.get_sblock(name)
             size = static_size(sch, block)
-            if not size:
-                return None
             *outer, last = sch.get_loops(block)
-            if any(uses(c, sch.get(last).loop_var) for c in selects(sch, block)):
-                return None
             # vectors along the innermost axis (fused into the others, the indices become div/mod expressions
             # in which TVM proves a vector's alignment less often)
-            fits = tuple(v for v in (LANES, 2) if v * widest <= VECTOR_BYTES)
-            lanes = largest_divisor(int(sch.get(last).extent), fits) or 1
             vectors, lane = sch.split(last, [None, lanes])
             bx, tx = sch.split(sch.fuse(*outer, vectors), [None, min(THREADS, size // lanes)])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(lane)
         return sch
+
+
+def _innermost_var(sch: s_tir.Schedule, block) -> tirx.Var | None:
+    """The variable of ``block`` bound to its innermost loop alone, if one is."""
+    last = sch.get(sch.get_loops(block)[-1]).loop_var
+    return next((iv.var for iv, value in zip(sch.get(block).iter_vars, get_sblockrealize(sch, block).iter_values)
+                 if value.same_as(last)), None)
+
+
+def _innermost_seams(sch: s_tir.Schedule, block) -> set[int] | None:
+    """The points of the innermost axis at which ``block``'s selects flip (each a comparison of its variable with
+    constants: ``cut_points``), or None where they test it otherwise."""
+    var = _innermost_var(sch, block)
+    cuts = cut_points(if_then_else_conditions(sch.get(block).body))
+    if var is None or cuts is None or any(v.same_as(var) and m is not None for v, m in cuts):
+        return None
+    return set().union(*(points for (v, _), points in cuts.items() if v.same_as(var)))
+
+
+def _align_selects(sch: s_tir.Schedule, outputs: list, lanes_of: dict) -> tirx.PrimFunc:
+    """The kernel with each output block's select tests reading its innermost variable ``v`` as ``v // lanes *
+    lanes``: the same where the selects flip only at multiples of the lanes (``_innermost_seams``)."""
+    vmap = {}
+    for block in outputs:
+        var = _innermost_var(sch, block)
+        if var is not None and lanes_of[sch.get(block).name_hint] > 1:
+            lanes = tirx.const(lanes_of[sch.get(block).name_hint], var.ty.dtype)
+            vmap[var] = tirx.floordiv(var, lanes) * lanes
+
+    def test(call: tirx.Call) -> tirx.Call:
+        if isinstance(call.op, tvm.ir.Op) and call.op.name.endswith("if_then_else"):
+            return tirx.if_then_else(substitute(call.args[0], vmap), *call.args[1:])
+        return call
+
+    func = sch.mod["main"]
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tvm.ir.expr.Call, test)])) if vmap else func
 
 
 def _widest_computed(func: tirx.PrimFunc) -> int:

@@ -34,7 +34,7 @@ read from memory once while it fits in cache; the exp pass prefetches the next r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
@@ -43,7 +43,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from . import softmax_tir
-from .common import sm_count
+from .common import cuda_arch, sm_count
 
 KINDS = ("softmax", "log_softmax")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -61,6 +61,12 @@ _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vector
 # Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so
 # two blocks share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
 _STREAM_CACHE_BYTES = 110 << 10
+# Rows that no block holds on chip (float32 over ~290 KB) on sm_90+: a cluster split, each row over a thread-block
+# cluster of 512-thread blocks that each hold their chunk on chip (one read of the input; the cluster makes a row's
+# blocks resident together, so the launch may take several waves). H100, same run (rerun/softmax-cluster/): float32
+# 128 x 131072 in 4 chunks 1.08x the streamed block per row (0.83 -> 0.90 of copy), 2 chunks of 1024 threads level
+# with 4, the exchange in distributed shared memory level with global memory. At most 8 blocks (the portable cluster).
+_CLUSTER_MAX = 8
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
 # arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no
 # longer fits in L2: +10 %); on the Intel Xeon (emeraldrapids), whose own prefetchers keep up with longer rows, up to
@@ -152,8 +158,22 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
     whole = _block_plan(nvec, vec, 1024)
     # (a row too long for the registers needs all 1024 lanes, so "more than 512 lanes" covers it)
     if vec < 16 // itemsize or whole.lanes > 512:
-        return _stream_plan(rows, softmax_tir.stream_vectors(cols, 16 // itemsize), 16 // itemsize, sms)
+        touched = softmax_tir.stream_vectors(cols, 16 // itemsize)
+        chunks = _cluster_chunks(touched) if split and cuda_arch(arch)[0] >= 90 else 1
+        if chunks > 1:  # (a row no block holds on chip: clusters of blocks that do, a chunk each)
+            return replace(split_plan(rows, cols, dtype, sms, chunks), cluster=True)
+        return _stream_plan(rows, touched, 16 // itemsize, sms)
     return whole
+
+
+def _cluster_chunks(touched: int) -> int:
+    """Chunks of a cluster split for a row of ``touched`` 16-byte vectors: 1 where a 1024-thread block holds the row on
+    chip; else the fewest (a power of two, at most ``_CLUSTER_MAX``) whose 512-thread blocks each hold one on chip,
+    or 1 where none do."""
+    if touched <= _on_chip_vectors(2 * _STREAM_LANES):
+        return 1
+    sizes = (1 << k for k in range(1, _CLUSTER_MAX.bit_length()))
+    return next((c for c in sizes if _ceil(touched, c) <= _on_chip_vectors(_STREAM_LANES)), 1)
 
 
 def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = None) -> CudaPlan:
@@ -164,14 +184,20 @@ def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = 
     return _stream_plan(rows * chunks, _ceil(softmax_tir.stream_vectors(cols, vec), chunks), vec, sms, chunks)
 
 
+def _on_chip_vectors(lanes: int) -> int:
+    """16-byte vectors a block kernel of ``lanes`` threads holds on chip: its shared-memory cache + one step in
+    registers."""
+    return _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // 16 + lanes * _STREAM_VECTORS
+
+
 def _stream_plan(blocks: int, touched: int, vec: int, sms: int, chunks: int = 1) -> CudaPlan:
     """The block kernel's layout for ``blocks`` blocks (rows, or chunks of rows), each over ``touched`` 16-byte
     vectors of ``vec`` elements: two blocks of <= 512 threads per SM, or one of <= 1024 threads with all of the shared
     memory for its cache where there are no more blocks than SMs, or where only such a block holds its part of the
     row on chip; a part that fits one step stays in registers (at least two warps: <= 32 lanes is the warp kernel)."""
 
-    def on_chip(lanes: int) -> bool:  # the part fits the block's shared memory cache + one step in registers
-        return touched <= _STREAM_CACHE_BYTES * lanes // _STREAM_LANES // 16 + lanes * _STREAM_VECTORS
+    def on_chip(lanes: int) -> bool:
+        return touched <= _on_chip_vectors(lanes)
 
     # (kept exponentials pay where all blocks reach pass 2 together, with no other block's loads to hide it under:
     # one wave. H200, same runs: 128 x 131072 / 16 x 1M float16 +1-3 % / +6 %, 1024 x 32768 -1 % (8 waves))

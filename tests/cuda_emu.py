@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 PRELUDE = r"""
-#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <condition_variable>
@@ -63,8 +62,6 @@ struct alignas(16) int4 { int x, y, z, w; };
 static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 struct alignas(16) float4 { float x, y, z, w; };
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-template <class T> static inline T __ldcg(const T* p) { return *p; }  // (no caches here to bypass)
 struct Dim3 { int x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static char* emu_smem;
@@ -467,15 +464,6 @@ def _helpers(preamble: str) -> str:
                         f"if ({pre}_slots[2 * b + 1] != {pre}_tag(e, x)) return 0; float ms[2]; "
                         f"std::memcpy(ms, &{pre}_slots[2 * b], 8); *m = ms[0]; *s = ms[1]; return 1; }}",
             }[fn])
-        elif name == "tvmpipe_decode_arrive":  # (the blocks run one after another here: the last to run merges)
-            slots = int(re.search(r"tvmpipe_decode_count\[(\d+)\]", preamble).group(1))
-            defs.append(f"static unsigned tvmpipe_decode_count[{slots}];\n"
-                        f"static inline int {name}(int slot, int n) {{ "
-                        "if (tvmpipe_decode_count[slot]++ != (unsigned)(n - 1)) return 0; "
-                        "tvmpipe_decode_count[slot] = 0; return 1; }\n"
-                        # (what a launch must leave behind: every slot back at 0, or the next launch merges early)
-                        f'extern "C" int emu_counts_left() {{ int n = 0; for (unsigned c : tvmpipe_decode_count) '
-                        "n += c != 0; return n; }")
         elif name.startswith("tvm_builtin_ptx_mbarrier_init"):
             defs.append(f"static inline void {name}({params}) {{ emu_mbarrier_init(__addr, __count); }}")
         elif name.startswith("tvm_builtin_ptx_mbarrier_arrive"):  # (expect_tx: the bytes, before they land)
@@ -601,5 +589,3 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
             launch.join(timeout)
             if launch.is_alive():
                 raise TimeoutError(f"emulated kernel still running after {timeout} s: deadlocked barriers?")
-            if hasattr(lib, "emu_counts_left") and lib.emu_counts_left():
-                raise AssertionError(f"{name} left {lib.emu_counts_left()} arrival counters non-zero")

@@ -1,6 +1,6 @@
 """The CUDA elementwise rule: its generated kernels run on the CPU emulator against numpy float64 (odd sizes,
-vectors with and without a partial last block, transposes, a three-way split, a KV cache's append, a NaN select),
-and the CLI reporting it for a model's GELU chain."""
+vectors with and without a partial last block, transposes, a three-way split, a KV cache's append, a rotary
+embedding, a NaN select), and the CLI reporting it for a model's GELU chain."""
 
 from __future__ import annotations
 
@@ -103,13 +103,39 @@ def test_kv_cache_append_emulated(rng, dtype):
     np.testing.assert_array_equal(arrays["T_concat"], ref)
 
 
-def test_concatenation_of_the_innermost_axis_is_left_to_dlight():
-    """rotate_half's cat(-x2, x1) selects within a vector's lanes: not this rule's kernel."""
+def rotate_half(x: te.Tensor, half: int) -> te.Tensor:
+    """cat(-x2, x1) along the last axis, x1 its first ``half`` elements (rotary embeddings)."""
+    *lead, d = (int(n) for n in x.shape)
+    return topi.concatenate([topi.negative(topi.strided_slice(x, [0] * len(lead) + [half], lead + [d])),
+                             topi.strided_slice(x, [0] * (len(lead) + 1), lead + [half])], len(lead))
+
+
+@pytest.mark.parametrize("dtype, d", [("float16", 16), ("float32", 12)])
+def test_rotary_embedding_emulated(rng, dtype, d):
+    """A rotary embedding, x * cos + rotate_half(x) * sin over [batch, heads, seq, d] with an odd sequence: its select
+    tests the innermost axis, flipping at d / 2, a multiple of the lanes, so each vector still takes one side whole
+    (its test rewritten to the vector's first element: vector loads, not the scalar kernel TVM makes of it)."""
+    shape = (2, 3, 7, d)
+    x, cos, sin = (te.placeholder(s, dtype, name=n) for s, n in ((shape, "x"), ((1, 1, 7, d), "cos"), ((1, 1, 7, d), "sin")))
+    func = scheduled(x, cos, sin, topi.add(topi.multiply(x, cos), topi.multiply(rotate_half(x, d // 2), sin)))
+    src = cuda_emu.cuda_source(func, TARGET)
+    vector = "half4" if dtype == "float16" else "float2"  # (float32: 12 // 2 = 6 is a multiple of 2 lanes, not 4)
+    assert f"*({vector}*)(x_ptr + " in src and f"*({vector}*)(T_add_ptr + " in src, src
+    arrays = {"x": rng.standard_normal(shape).astype(dtype), "cos": rng.standard_normal((1, 1, 7, d)).astype(dtype),
+              "sin": rng.standard_normal((1, 1, 7, d)).astype(dtype), "T_add": np.full(shape, np.nan, dtype)}
+    cuda_emu.run(func, TARGET, arrays)
+    x64, half = arrays["x"].astype(np.float64), d // 2
+    ref = x64 * arrays["cos"] + np.concatenate([-x64[..., half:], x64[..., :half]], -1) * arrays["sin"]
+    tol = 2e-2 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(arrays["T_add"].astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+def test_innermost_select_within_a_vector_is_left_to_dlight():
+    """A concatenation of the innermost axis whose seam is not a multiple of 2 (5 + 11) would select within a
+    vector's lanes: not this rule's kernel."""
     x = te.placeholder((4, 5, 16), "float16", name="x")
-    rot = topi.concatenate([topi.negative(topi.strided_slice(x, [0, 0, 8], [4, 5, 16])),
-                            topi.strided_slice(x, [0, 0, 0], [4, 5, 8])], 2)
     with TARGET:
-        assert GpuElementwise().apply(te.create_prim_func([x, rot]), TARGET, False) is None
+        assert GpuElementwise().apply(te.create_prim_func([x, rotate_half(x, 5)]), TARGET, False) is None
 
 
 @pytest.mark.parametrize("dtype", ["int64", "bool"])

@@ -434,38 +434,13 @@ def test_cuda_decode_kernel_emulated(rng, case, decode_form):
     assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
 
 
-# cases of several chunks per row block (merged by a second kernel, or with ONE_LAUNCH by the block's last CTA)
-ONE_LAUNCH_CASES = ["fp16-d128-gqa-3-rows-padding-bottom-right", "bf16-d96-key-bias", "fp16-d64-11-rows-row-bias-bottom-right"]
-
-
-@pytest.mark.parametrize("case, decode_form", [(DECODE_CASES[n], f) for n in ONE_LAUNCH_CASES for f in decode_forms(DECODE_CASES[n])],
-                         ids=[f"{n}-{f}" for n in ONE_LAUNCH_CASES for f in decode_forms(DECODE_CASES[n])],
-                         indirect=["decode_form"])
-def test_cuda_decode_kernel_one_launch_emulated(rng, monkeypatch, case, decode_form):
-    """``ONE_LAUNCH``: each row block's last CTA to finish merges its chunks (no second kernel), against float64."""
-    from schedules import attention_cuda_decode
-
-    monkeypatch.setattr(attention_cuda_decode, "ONE_LAUNCH", True)
-    b, sq, skv, h, hkv, d, dtype, bias_shape, causal = case
-    func, target = decode_kernel(decode_form, *case)
-    assert "attention_decode_combine" not in func.script() and "tvmpipe_decode_arrive" in func.script()
-    arrays = inputs(rng, b, sq, skv, h, hkv, d, dtype, bias_shape)
-    arrays["out"] = np.zeros_like(arrays["q"])
-    cuda_emu.run(func, target, arrays)
-    assert_close(arrays["out"], reference(**{n: a for n, a in arrays.items() if n != "out"}, causal=causal), dtype)
-
-
-@pytest.mark.parametrize("one_launch", [False, True])
 @pytest.mark.parametrize("decode_form", ["simt", "tc"], indirect=True)
-def test_cuda_decode_kernel_fully_masked_rows(rng, monkeypatch, decode_form, one_launch):
+def test_cuda_decode_kernel_fully_masked_rows(rng, decode_form):
     """Row 1 masked everywhere (NaN, as the unfused graph); row 2 over its first two chunks of 128 keys, whose
-    -inf maxima the merge (the second kernel's, or the last CTA's) must weigh as nothing."""
-    from schedules import attention_cuda_decode
-
-    monkeypatch.setattr(attention_cuda_decode, "ONE_LAUNCH", one_launch)
+    -inf maxima the second kernel's merge must weigh as nothing."""
     b, sq, skv, h, d = 1, 4, 300, 2, 64
     func, target = decode_kernel(decode_form, b, sq, skv, h, h, d, "float16", (b, h, sq, skv))
-    assert ("attention_decode_combine" in func.script()) != one_launch
+    assert "attention_decode_combine" in func.script()
     arrays = inputs(rng, b, sq, skv, h, h, d, "float16")
     arrays["bias"] = masked_rows_bias(rng, b, h, sq, skv, full=1, part=2, upto=256).astype(np.float16)
     arrays["out"] = np.zeros_like(arrays["q"])

@@ -318,7 +318,7 @@ def test_concatenation_selects_are_decided_per_part():
     from tvm import te, topi
 
     from compiler import targets
-    from schedules.cpu_elementwise import CpuElementwise, _cut_points
+    from schedules.cpu_elementwise import CpuElementwise, cut_points
 
     target = targets.resolve("cpu").target
     past, new = te.placeholder((1, 3, 33, 8), name="past"), te.placeholder((1, 1, 24), name="new")
@@ -338,11 +338,11 @@ def test_concatenation_selects_are_decided_per_part():
     lower_triangle = te.compute((6, 6), lambda i, j: tvm.tirx.if_then_else(j <= i, x[0, i, j], 0.0), name="tril")
     assert CpuElementwise().apply(te.create_prim_func([x, lower_triangle]), target, False) is None
     v, m = tvm.tirx.Var("v", "int32"), tvm.tirx.Var("m", "int32")
-    ((var, modulus), points), = _cut_points([tvm.tirx.all(5 < v, v <= 9), tvm.tirx.EQ(v, 12)]).items()
+    ((var, modulus), points), = cut_points([tvm.tirx.all(5 < v, v <= 9), tvm.tirx.EQ(v, 12)]).items()
     assert var.same_as(v) and modulus is None and points == {6, 10, 12, 13}
-    seams = _cut_points([tvm.tirx.GE(tvm.tirx.floordiv(v, 7), 2), tvm.tirx.LT(tvm.tirx.floormod(m, 8), 4)])
+    seams = cut_points([tvm.tirx.GE(tvm.tirx.floordiv(v, 7), 2), tvm.tirx.LT(tvm.tirx.floormod(m, 8), 4)])
     assert {(k[0].name, k[1]): p for k, p in seams.items()} == {("v", None): {14}, ("m", 8): {4}}
-    assert _cut_points([tvm.tirx.LT(v, m)]) is None
+    assert cut_points([tvm.tirx.LT(v, m)]) is None
 
 
 def test_concatenation_parts_are_parallel_vector_loops():

@@ -230,11 +230,12 @@ def test_cuda_stream_plan_choice():
     """Rows breaking 16-byte alignment, too long for one block's registers or needing a block of more than 512
     threads stream, in 16-byte vectors: two blocks per SM, each caching up to 110 KB of its row; where there are
     no more rows than SMs, or where only that holds the row on chip (201 KB), one block per SM with up to 1024
-    threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks."""
+    threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks; rows too long
+    for any block's chip split over a thread-block cluster."""
     for rows, cols, dtype, lanes in ((4096, 50257, "float32", 1024), (4096, 50257, "float16", 512),
-                                     (257, 131073, "float32", 512), (133, 16385, "float32", 512),
+                                     (133, 16385, "float32", 512), (128, 131072, "float16", 1024),
                                      (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
-                                     (128, 131072, "float32", 1024), (132, 16385, "float32", 1024)):
+                                     (128, 524288, "float32", 1024), (132, 16385, "float32", 1024)):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
         assert (plan.cache, plan.vec * np.dtype(dtype).itemsize, plan.chunks, plan.lanes) == ("l2", 16, 1, lanes), \
             (rows, cols, dtype, plan)
@@ -248,6 +249,15 @@ def test_cuda_stream_plan_choice():
                               (8, 128256, "float32")):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")  # as many blocks as SMs (all resident), 16-byte vectors
         assert 132 - rows < plan.chunks * rows <= 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, plan)
+    # rows no block holds on chip (float32 over 290 KB) on sm_90: clusters of 512-thread blocks holding a chunk each,
+    # up to 8 (4 MB rows: none fits, they stream); not before sm_90
+    for rows, cols, chunks in ((128, 131072, 4), (257, 131073, 4), (66, 262144, 8), (4096, 80000, 4)):
+        plan = S.cuda_plan(rows, cols, "float32", "sm_90")
+        assert (plan.chunks, plan.cluster, plan.lanes) == (chunks, True, 512), (rows, cols, plan)
+        assert plan.cached * plan.lanes * plan.per_thread * 16 <= 110 << 10, plan
+        # a chunk's vectors within the cache and one step in registers
+        assert -(-softmax_tir.stream_vectors(cols, 4) // chunks) <= (110 << 10) // 16 + plan.lanes * plan.per_thread
+        assert not S.cuda_plan(rows, cols, "float32", "sm_80").cluster
     # a few rows of a vocabulary: 16 KB chunks, fewer than the SMs; rows of up to 64 KB are not split
     for rows, cols, dtype, chunks in ((1, 50257, "float32", 13), (5, 50257, "float16", 7), (1, 128256, "float16", 16),
                                       (1, 16384, "float32", 1), (1, 32768, "float16", 1), (1, 16385, "float32", 5)):
