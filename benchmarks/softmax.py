@@ -66,13 +66,6 @@ VARIANTS = [
                               "kept_exp": False, "cluster": True}),
     (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 4, "cached": 1,
                               "kept_exp": False, "cluster": True}),
-    # the same with the partials exchanged in distributed shared memory behind the cluster barrier
-    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 4, "cached": 3,
-                              "kept_exp": False, "cluster": True, "dsmem": True}),
-    (128, 131072, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3,
-                              "kept_exp": False, "cluster": True, "dsmem": True}),
-    (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3,
-                              "kept_exp": False, "cluster": True, "dsmem": True}),
     # the same for the split rows: 16 chunks of 512 threads, two per SM, instead of 8 of 1024 threads
     (16, 1 << 20, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 16, "cached": 3}),
     (16, 1 << 20, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 16, "cached": 3}),

@@ -65,7 +65,8 @@ _STREAM_CACHE_BYTES = 110 << 10
 # cluster of 512-thread blocks that each hold their chunk on chip (one read of the input; the cluster makes a row's
 # blocks resident together, so the launch may take several waves). H100, same run (rerun/softmax-cluster/): float32
 # 128 x 131072 in 4 chunks 1.08x the streamed block per row (0.83 -> 0.90 of copy), 2 chunks of 1024 threads level
-# with 4, the exchange in distributed shared memory level with global memory. At most 8 blocks (the portable cluster).
+# with 4, the exchange in distributed shared memory (tried, commit 762e0c7) level or slower. At most 8 blocks (the
+# portable cluster size).
 _CLUSTER_MAX = 8
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
 # arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no
@@ -124,7 +125,6 @@ class CudaPlan:
     cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
     kept_exp: bool = True  # block kernel, streamed float16 / bfloat16 softmax: exp(x - m) kept on chip, not recomputed
     cluster: bool = False  # split (sm_90+): a row's chunks launched as one thread-block cluster (resident together)
-    dsmem: bool = False  # cluster split: partials exchanged in distributed shared memory, not through global memory
 
 
 def _ceil(a: int, b: int) -> int:
@@ -244,8 +244,7 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
     if plan.cache == "l2" or plan.lanes > 32:  # the block kernel, a kernel already: nothing to schedule
         return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
-                                                 plan.cached, plan.chunks, plan.kept_exp, plan.cluster,
-                                                 plan.dsmem), kind)
+                                                 plan.cached, plan.chunks, plan.kept_exp, plan.cluster), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])

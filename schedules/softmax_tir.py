@@ -144,25 +144,6 @@ _COPY16_SRC = ("__forceinline__ __device__ void tvmpipe_copy16(void* dst, const 
 _ALL_SRC = "__forceinline__ __device__ int tvmpipe_all(int p) { return __all_sync(0xFFFFFFFFu, p); }"
 
 
-# A cluster's rendezvous in distributed shared memory (``dsmem``): the hardware cluster barrier (arrive with release,
-# wait with acquire, every thread of the cluster's blocks) and a load from the shared memory of the cluster's block
-# ``rank`` at the address of ``p`` in this block's.
-_CLUSTER_SRC = r"""
-#ifndef TVMPIPE_CLUSTER
-#define TVMPIPE_CLUSTER
-__forceinline__ __device__ void tvmpipe_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__forceinline__ __device__ void tvmpipe_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__forceinline__ __device__ float tvmpipe_cluster_load(const float* p, int rank) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-  return v;
-}
-#endif
-"""
-
-
 def _split_src(kernel: str, blocks: int) -> str:
     """The rendezvous helpers of one kernel (``kernel`` names it: kernels alike share them, one launch at a time)."""
     return _SPLIT_SRC.replace("ID", kernel).replace("BLOCKS", str(blocks)).replace("WAIT_NS", str(SPLIT_WAIT_NS))
@@ -226,7 +207,7 @@ def stream_vectors(cols: int, vec: int) -> int:
 
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
-                chunks: int = 1, kept_exp: bool = True, cluster: bool = False, dsmem: bool = False):
+                chunks: int = 1, kept_exp: bool = True, cluster: bool = False):
     """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
     (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
     online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
@@ -254,8 +235,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       partials do not all come within ``SPLIT_WAIT_NS`` (its row's blocks not all resident) reads the whole row
       itself, so it stays correct, if slow, on a GPU with fewer SMs than planned for. ``cluster`` (sm_90+): a row's
       blocks are launched as one thread-block cluster, which the GPU schedules all at once, so that they are resident
-      together however many blocks the launch has (several waves of rows); the exchange is the same, or with
-      ``dsmem`` through the blocks' shared memory behind the cluster barrier (``exchange_dsmem``).
+      together however many blocks the launch has (several waves of rows); the exchange is the same.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
@@ -272,9 +252,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
     keep_shape = (C, U, L, V) if C else (1,)
     name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
-    assert not dsmem or (cluster and 1 < P <= 32), (dsmem, cluster, P)
-    G = 1 << (P - 1).bit_length()  # dsmem: lanes that take a row's partials together
-    split_src = _split_src(name, rows * P) if P > 1 and not dsmem else ""
+    split_src = _split_src(name, rows * P) if P > 1 else ""
     f32, neg_inf = ACC, T.float32("-inf")
 
     # ``it`` below counts steps from the row's start (chunk c's are c * steps ... c * steps + steps - 1)
@@ -533,29 +511,6 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             merge(st, red, tx)
 
     @T.macro
-    def exchange_dsmem(st, xch, tx):
-        """(st[0], st[1]) <- the row's (max, sum), in every thread, from the block's over its chunk (the same in every
-        thread): thread 0 puts it in the block's shared memory, the cluster barrier, then in every group of G >= P
-        lanes of every warp lane k < P takes block k's and the group merges them (no block barrier); the cluster's
-        second barrier, arrived at here,
-        is waited for at the kernel's end, so that no block leaves while another may still read its shared memory."""
-        if tx == 0:
-            xch[0, 0] = st[0]
-            xch[1, 0] = st[1]
-        T.evaluate(T.cuda.func_call("tvmpipe_cluster_arrive", source_code=_CLUSTER_SRC))
-        T.evaluate(T.cuda.func_call("tvmpipe_cluster_wait", source_code=_CLUSTER_SRC))
-        st[0] = neg_inf
-        st[1] = T.float32(0)
-        if tx % G < P:
-            st[2] = T.cuda.func_call("tvmpipe_cluster_load", xch.ptr_to([0, 0]), tx % G, source_code=_CLUSTER_SRC,
-                                     return_type="float32")
-            st[3] = T.cuda.func_call("tvmpipe_cluster_load", xch.ptr_to([1, 0]), tx % G, source_code=_CLUSTER_SRC,
-                                     return_type="float32")
-            combine(st)
-        butterfly(st, G.bit_length() - 1)
-        T.evaluate(T.cuda.func_call("tvmpipe_cluster_arrive", source_code=_CLUSTER_SRC))
-
-    @T.macro
     def block(xf, yf, b):
         """Block b: its row's (or chunk's) two passes."""
         for tx in T.thread_binding(L, thread="threadIdx.x"):
@@ -577,21 +532,17 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 came = T.alloc_buffer((TW,), "uint64", scope="shared")
                 epoch = T.alloc_buffer((1,), "uint64", scope="shared")
                 tick = T.alloc_buffer((2,), "uint64", scope="local")  # split: the epoch; whether all came
-                if P > 1 and not dsmem and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
+                if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
                     tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
                                                return_type="uint64")
                 pass1(xv, xs, ev, st, ms, keep, xf, b // P, b % P, tx)
                 st[5] = st[0]
-                if P > 1 and not dsmem and tx == 0:  # (for the taking warps, behind the block merge's barriers)
+                if P > 1 and tx == 0:  # (for the taking warps, behind the block merge's barriers)
                     epoch[0] = tick[0]
                 merge(st, red, tx)
-                if dsmem:
-                    exchange_dsmem(st, xch, tx)
-                elif P > 1:
+                if P > 1:
                     exchange(st, xs, ev, red, xch, came, epoch, tick, xf, b // P, b, tx)
                 pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
-                if dsmem:
-                    T.evaluate(T.cuda.func_call("tvmpipe_cluster_wait", source_code=_CLUSTER_SRC))
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
