@@ -23,7 +23,10 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
 - fewer rows than half the SMs, rows over 64 KB or a tensor of 4 MB or more: each row split over ``chunks`` blocks
   (16 KB chunks, rows x chunks <= SMs so that all are resident) of the same kernel: each caches its chunk,
   publishes its (max, sum), takes its row's others and normalises its chunk from chip (one read of the input, one
-  write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice).
+  write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice);
+- on sm_90+, rows that no block holds on chip (float32 over ~290 KB): the same split, each row's blocks one
+  thread-block cluster (``cluster``), which the GPU makes resident together, so any number of rows (H100: 128 x
+  131072 float32 1.08x the streamed block per row).
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
@@ -196,13 +199,10 @@ def _stream_plan(blocks: int, touched: int, vec: int, sms: int, chunks: int = 1)
     memory for its cache where there are no more blocks than SMs, or where only such a block holds its part of the
     row on chip; a part that fits one step stays in registers (at least two warps: <= 32 lanes is the warp kernel)."""
 
-    def on_chip(lanes: int) -> bool:
-        return touched <= _on_chip_vectors(lanes)
-
     # (kept exponentials pay where all blocks reach pass 2 together, with no other block's loads to hide it under:
     # one wave. H200, same runs: 128 x 131072 / 16 x 1M float16 +1-3 % / +6 %, 1024 x 32768 -1 % (8 waves))
     one_wave = blocks <= sms
-    wide = one_wave or (not on_chip(_STREAM_LANES) and on_chip(2 * _STREAM_LANES))
+    wide = one_wave or _on_chip_vectors(_STREAM_LANES) < touched <= _on_chip_vectors(2 * _STREAM_LANES)
     lanes = min(2 * _STREAM_LANES if wide else _STREAM_LANES, max(64, _ceil(_ceil(touched, _STREAM_VECTORS), 32) * 32))
     step = lanes * _STREAM_VECTORS  # vectors a block reads per step
     if touched <= step:
