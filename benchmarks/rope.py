@@ -18,14 +18,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import gpu_slug, interleaved  # noqa: E402
+from benchmarks.common import cuda_ms, gpu_slug, interleaved  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "rope"
 # [batch, heads, seq, head dim]: a prefill's queries (Llama-style 32 heads of 128), a long prompt, 64-dim heads
 SHAPES = [(8, 32, 1024, 128), (1, 32, 8192, 128), (16, 16, 1024, 64)]
 DTYPES = ("float16", "float32")
 IMPLS = ("tvmpipe", "dlight")
-ROUNDS, REPS = 8, 20
+ROUNDS, REPS = 8, 20  # rounds, interleaved; calls timed per round (each between two CUDA events)
 TOL = {"float16": 2e-3, "float32": 1e-5}  # normwise: max |y - ref| / max |ref|
 
 
@@ -103,8 +103,10 @@ def run(out: Path) -> None:
                 fns["copy"] = lambda: y.copy_(x)
                 nbytes = 2 * x.numel() * x.element_size()  # x read, y written (cos / sin: 1 / (b h) of that)
                 names = list(fns)  # each round starting one later
-                times = interleaved({n: (lambda fn=fn: _ms(fn)) for n, fn in fns.items()}, ROUNDS,
-                                    order=lambda i: names[i % len(names):] + names[:i % len(names)], pause=lambda: None)
+                times = interleaved({n: (lambda fn=fn: cuda_ms(fn, repeat=REPS, warmup=1)) for n, fn in fns.items()},
+                                    ROUNDS,
+                                    order=lambda i: names[i % len(names):] + names[:i % len(names)],
+                                    pause=lambda: None)
                 ms = {n: statistics.median(t) for n, t in times.items()}
                 for impl in (*IMPLS, "torch"):
                     rec = {"impl": impl, "shape": list(shape), "dtype": dtype, "ms": ms[impl],
@@ -117,20 +119,6 @@ def run(out: Path) -> None:
     path = out / f"rope-{device}.json"
     path.write_text(json.dumps(records, indent=1))
     print(f"wrote {path}; {sum(not r['ok'] for r in records)} numerics failures")
-
-
-def _ms(fn) -> list[float]:
-    """One round: ``REPS`` timed calls of ``fn`` (CUDA events around each, after a warm-up call)."""
-    import torch
-
-    fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(REPS)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [statistics.median(s.elapsed_time(e) for s, e in events)]
 
 
 def main() -> int:

@@ -181,11 +181,15 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
     return True
 
 
+def is_if_then_else(call) -> bool:
+    """Whether ``call`` is a select (``if_then_else``)."""
+    return isinstance(call.op, tvm.ir.Op) and call.op.name.endswith("if_then_else")
+
+
 def if_then_else_conditions(stmt) -> list:
     """The conditions of the ``if_then_else`` calls under ``stmt``."""
     found = []
-    is_select = lambda c: isinstance(c.op, tvm.ir.Op) and c.op.name.endswith("if_then_else")  # noqa: E731
-    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.Call, lambda c: is_select(c) and found.append(c.args[0]))])
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.Call, lambda c: is_if_then_else(c) and found.append(c.args[0]))])
     return found
 
 

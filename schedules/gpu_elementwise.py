@@ -29,7 +29,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .common import largest_divisor, substitute, uses
-from .cpu_elementwise import cut_points, if_then_else_conditions, inline_to_outputs, selects, static_size
+from .cpu_elementwise import (cut_points, if_then_else_conditions, inline_to_outputs, is_if_then_else, selects,
+                              static_size)
 
 THREADS = 256
 VECTOR_BYTES = 16
@@ -56,6 +57,7 @@ class GpuElementwise(ScheduleRule):
         widest = _widest_computed(func) // 8
         fits = tuple(v for v in (LANES, 2) if v * widest <= VECTOR_BYTES)
         lanes_of = {}  # output block -> lanes
+        aligned = {}  # innermost variable of a block whose selects test it -> its vector's first element
         for block in outputs:
             if not static_size(sch, block):
                 return None
@@ -64,12 +66,16 @@ class GpuElementwise(ScheduleRule):
             if not any(uses(c, sch.get(last).loop_var) for c in selects(sch, block)):
                 lanes_of[sch.get(block).name_hint] = largest_divisor(extent, fits) or 1
                 continue
-            seams = _innermost_seams(sch, block)
+            var = _innermost_var(sch, block)
+            seams = _innermost_seams(sch, block, var)
             lanes = seams is not None and largest_divisor(math.gcd(extent, *seams), fits)
             if not lanes:  # a select that flips within a vector: left to DLight
                 return None
             lanes_of[sch.get(block).name_hint] = lanes
-        sch = s_tir.Schedule(_align_selects(sch, outputs, lanes_of))
+            step = tirx.const(lanes, var.ty.dtype)
+            aligned[var] = tirx.floordiv(var, step) * step
+        if aligned:
+            sch = s_tir.Schedule(_tests_read(sch.mod["main"], aligned))
         for name, lanes in lanes_of.items():
             block = sch.get_sblock(name)
             size = static_size(sch, block)
@@ -91,33 +97,23 @@ def _innermost_var(sch: s_tir.Schedule, block) -> tirx.Var | None:
                  if value.same_as(last)), None)
 
 
-def _innermost_seams(sch: s_tir.Schedule, block) -> set[int] | None:
-    """The points of the innermost axis at which ``block``'s selects flip (each a comparison of its variable with
-    constants: ``cut_points``), or None where they test it otherwise."""
-    var = _innermost_var(sch, block)
+def _innermost_seams(sch: s_tir.Schedule, block, var: tirx.Var | None) -> set[int] | None:
+    """The points of the innermost axis (``block``'s variable ``var``, ``_innermost_var``) at which the block's selects
+    flip (each a comparison of its variable with constants: ``cut_points``), or None where they test it otherwise."""
     cuts = cut_points(if_then_else_conditions(sch.get(block).body))
     if var is None or cuts is None or any(v.same_as(var) and m is not None for v, m in cuts):
         return None
     return set().union(*(points for (v, _), points in cuts.items() if v.same_as(var)))
 
 
-def _align_selects(sch: s_tir.Schedule, outputs: list, lanes_of: dict) -> tirx.PrimFunc:
-    """The kernel with each output block's select tests reading its innermost variable ``v`` as ``v // lanes *
-    lanes``: the same where the selects flip only at multiples of the lanes (``_innermost_seams``)."""
-    vmap = {}
-    for block in outputs:
-        var = _innermost_var(sch, block)
-        if var is not None and lanes_of[sch.get(block).name_hint] > 1:
-            lanes = tirx.const(lanes_of[sch.get(block).name_hint], var.ty.dtype)
-            vmap[var] = tirx.floordiv(var, lanes) * lanes
+def _tests_read(func: tirx.PrimFunc, vmap: dict) -> tirx.PrimFunc:
+    """``func`` with its select tests reading each variable of ``vmap`` as its value there (an innermost variable
+    ``v`` as ``v // lanes * lanes``: the same where the selects flip only at multiples of the lanes)."""
 
     def test(call: tirx.Call) -> tirx.Call:
-        if isinstance(call.op, tvm.ir.Op) and call.op.name.endswith("if_then_else"):
-            return tirx.if_then_else(substitute(call.args[0], vmap), *call.args[1:])
-        return call
+        return tirx.if_then_else(substitute(call.args[0], vmap), *call.args[1:]) if is_if_then_else(call) else call
 
-    func = sch.mod["main"]
-    return func.with_body(tvm_ffi.structural_map(func.body, [(tvm.ir.expr.Call, test)])) if vmap else func
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tvm.ir.expr.Call, test)]))
 
 
 def _widest_computed(func: tirx.PrimFunc) -> int:
