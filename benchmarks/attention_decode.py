@@ -1,9 +1,9 @@
 """Decoding steps (one query row per head, or a few, and a KV cache) on the GPU: tvmpipe's CUDA decode kernel
 (``schedules/attention_cuda_decode.py``), against the prefill kernels it replaces there (``tvmpipe-prefill``: 64-row
 query tiles for one row), each of its two forms (``tvmpipe-simt``: CUDA cores, ``tvmpipe-tc``: tensor cores; one is
-the default) and torch SDPA, on the same fp16 tensors; the default package built with ``--cuda-graph``
-(``tvmpipe-graph``) against torch's SDPA replayed from a CUDA graph (``torch-graph``), each timed per call (its
-launch latency included), and the default package against torch's graph issued ``PIPELINE`` calls back to back
+the default) and torch SDPA, on the same fp16 tensors; the default package recorded into one CUDA graph
+(``tvmpipe-graph``, ``Runner.capture``) against torch's SDPA replayed from a CUDA graph (``torch-graph``), each timed
+per call (its launch latency included), and each against torch's graph issued ``PIPELINE`` calls back to back
 (``-pipelined``: the GPU's time per call where the host keeps ahead, as between a model's kernels), and each
 kernel's GPU time (``kernels_us``, CUPTI). ONNX ``Attention`` nodes (grouped heads as they are) compiled here for
 cuda-sm90, checked against float64 and timed there.
@@ -92,17 +92,13 @@ def build(variants: dict) -> None:
     from unittest import mock
 
     from compiler import compile_model
-    from compiler.pipeline import Options
     from schedules.attention_cuda_decode import MAX_SEQ_Q
 
     def compile_all(name: str, patches: dict) -> None:
-        """The default package of ``name``'s model, the same replayed as one CUDA graph (``graph``: the launches cost
-        as in torch's graph), and one package per variant (``patches``: variant -> (module of schedules, its constants
-        patched))."""
+        """The default package of ``name``'s model and one package per variant (``patches``: variant -> (module of
+        schedules, its constants patched))."""
         manifest = compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}.tvmpkg")
         print(name, manifest["kernels"], flush=True)
-        graph = Options(cuda_graph=True)
-        compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-graph.tvmpkg", options=graph)
         for variant, (module, patch) in patches.items():
             with mock.patch.multiple(importlib.import_module(f"schedules.{module}"), **patch):
                 compile_model(BUILD / f"{name}.onnx", "cuda-sm90", BUILD / f"{name}-{variant}.tvmpkg")
@@ -186,8 +182,12 @@ def run(out: Path) -> None:
         rec = {"case": name, "batch": b, "seq_q": s, "seq_kv": skv, "heads": h, "kv_heads": hkv, "d": d,
                "dtype": "float16", "device": torch.cuda.get_device_name(0), "rel_err": err,
                "kv_bytes": 2 * b * skv * hkv * d * 2}
-        turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms}
-        built = [v for v in ("graph", *VARIANTS, *TC_VARIANTS) if (BUILD / f"{name}-{v}.tvmpkg").exists()]
+        graph = runner.capture(x)
+        rec["graph_rel_err"] = check(graph, *case)[2]
+        turns = {"tvmpipe": lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms,
+                 "tvmpipe-graph": lambda: graph.time(repeat=REPEAT, warmup=5).ms,
+                 "tvmpipe-graph-pipelined": lambda: graph.time(repeat=REPEAT, warmup=1, number=PIPELINE).ms}
+        built = [v for v in (*VARIANTS, *TC_VARIANTS) if (BUILD / f"{name}-{v}.tvmpkg").exists()]
         for variant in built:
             other = load(str(BUILD / f"{name}-{variant}.tvmpkg"))
             rec[f"{variant}_rel_err"] = check(other, *case)[2]
@@ -211,6 +211,7 @@ def run(out: Path) -> None:
         rec["torch_vs_tvmpipe"] = rec["torch_ms"] / rec["tvmpipe_ms"]
         rec["torch-graph_vs_tvmpipe"] = rec["torch-graph_ms"] / rec["tvmpipe-graph_ms"]  # both replayed as graphs
         rec["pipelined_torch-graph_vs_tvmpipe"] = rec["torch-graph-pipelined_ms"] / rec["tvmpipe-pipelined_ms"]
+        rec["pipelined_graph_vs_graph"] = rec["torch-graph-pipelined_ms"] / rec["tvmpipe-graph-pipelined_ms"]
         rec["prefill_vs_tvmpipe"] = rec["tvmpipe-prefill_ms"] / rec["tvmpipe_ms"]
         if "tvmpipe-simt_ms" in rec:  # > 1: the tensor-core form is faster
             rec["tc_vs_simt"] = rec["tvmpipe-simt_ms"] / rec["tvmpipe-tc_ms"]
@@ -237,15 +238,19 @@ def run(out: Path) -> None:
         turns = {"torch": lambda: cuda_ms(step, repeat=REPEAT, warmup=5)}
         replay = graphed(step)
         turns["torch-graph"] = lambda: cuda_ms(replay, repeat=REPEAT, warmup=5)
-        for impl in ["tvmpipe", *(f"tvmpipe-{v}" for v in ("graph", *STEP_VARIANTS))]:
+        for impl in ["tvmpipe", *(f"tvmpipe-{v}" for v in STEP_VARIANTS)]:
             runner = load(str(BUILD / f"{name}{impl[len('tvmpipe'):]}.tvmpkg"))
-            got = runner(**x)
-            rec[f"{impl}_rel_err"] = float(np.linalg.norm(got["y"] - ref_y) / np.linalg.norm(ref_y))
-            rec[f"{impl}_cache_exact"] = bool(np.array_equal(got["present_key"], ref_k.astype(np.float16)))
+            calls = {impl: runner}
+            if impl == "tvmpipe":
+                ours, graph = runner.bound(x), runner.capture(x)
+                calls["tvmpipe-graph"] = graph
+                turns["tvmpipe-graph"] = lambda: graph.time(repeat=REPEAT, warmup=5).ms
+            for label, call in calls.items():
+                got = call(**x)
+                rec[f"{label}_rel_err"] = float(np.linalg.norm(got["y"] - ref_y) / np.linalg.norm(ref_y))
+                rec[f"{label}_cache_exact"] = bool(np.array_equal(got["present_key"], ref_k.astype(np.float16)))
             rec[f"{impl}_kernels"] = [{"kernel": k.name, "ms": k.ms, "calls": k.calls} for k in runner.profile(x)]
             turns[impl] = lambda r=runner: r.time(x, repeat=REPEAT, warmup=5).ms
-            if impl == "tvmpipe":
-                ours = runner.bound(x)
         time_all(rec, turns)
         rec["kernels_us"] = {"tvmpipe": kernel_us(ours), "torch-graph": kernel_us(replay)}
         rec["transposed_vs_tvmpipe"] = rec["tvmpipe-transposed_ms"] / rec["tvmpipe_ms"]

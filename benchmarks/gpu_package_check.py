@@ -1,5 +1,6 @@
 """Check that a cuda-sm90 package built on a machine without a GPU loads and runs on one with TVM's
-runtime only, with no CUDA compiler involved, and matches onnxruntime; and that a package planned for another
+runtime only, with no CUDA compiler involved, and matches onnxruntime, also recorded into one CUDA graph
+(``Runner.capture``); and that a package planned for another
 SM count (a target file saying ``"sms": 114``, an H100 PCIe's) warns at load and still computes right.
 
     python benchmarks/gpu_package_check.py --build            # here: build/gpu/demo-cuda-sm90.tvmpkg, softmax-114sm
@@ -56,6 +57,7 @@ def run(out: Path) -> None:
 
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", no_compile, override=True)
 
+    from benchmarks.common import gpu_slug
     from compiler import load
     from compiler.compare import errors
 
@@ -82,10 +84,25 @@ def run(out: Path) -> None:
         "correct": all(r["max_rel_err"] <= 1e-4 for r in results),
         "latency": timing,
         "sm_count": sm_count_check(load, rng, torch.cuda.get_device_properties(0).multi_processor_count),
+        "cuda_graph": capture_check(runner, rng),
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "package-check-h200.json").write_text(json.dumps(record, indent=2))
+    (out / f"package-check-{gpu_slug()}.json").write_text(json.dumps(record, indent=2))
     print(json.dumps(record, indent=2))
+
+
+def capture_check(runner, rng: np.random.Generator) -> dict:
+    """``Runner.capture`` on the demo package (all its kernels in one CUDA graph): the replayed outputs against the VM's
+    on the inputs it was recorded with, on fresh inputs copied in, and the latency of each way."""
+    first, fresh = (runner.random_inputs(seed=int(rng.integers(1 << 31))) for _ in range(2))
+    graph = runner.capture(first)
+
+    def exact(a: dict, b: dict) -> bool:
+        return all(np.array_equal(a[n], b[n]) for n in b)
+    return {"kernels": len(runner.manifest["kernels"]), "bit_exact_recorded_inputs": exact(graph(), runner(**first)),
+            "bit_exact_fresh_inputs": exact(graph(**fresh), runner(**fresh)),
+            "vm_median_ms": runner.time(fresh, repeat=200).summary()["median_ms"],
+            "graph_median_ms": graph.time(repeat=200).summary()["median_ms"]}
 
 
 def sm_count_check(load, rng: np.random.Generator, device_sms: int) -> dict:

@@ -184,9 +184,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     runner = load(args.package)
     inputs = _load_npz(args.inputs) if args.inputs else runner.random_inputs()
-    result: dict = {"package": args.package, "target": runner.manifest["target"]["name"]}
-    result.update(runner.time(inputs, repeat=args.repeat, warmup=args.warmup).summary())
-    lines = [f"tvmpipe      mean {result['mean_ms']:.4f} ms  median {result['median_ms']:.4f} ms  "
+    result: dict = {"package": args.package, "target": runner.manifest["target"]["name"], "cuda_graph": args.cuda_graph}
+    graph = runner.capture(inputs) if args.cuda_graph else None
+    timing = graph.time(args.repeat, args.warmup) if graph else runner.time(inputs, repeat=args.repeat, warmup=args.warmup)
+    result.update(timing.summary())
+    lines = [f"{'tvmpipe (graph)' if graph else 'tvmpipe':<17}mean {result['mean_ms']:.4f} ms  median {result['median_ms']:.4f} ms  "
              f"p90 {result['p90_ms']:.4f} ms  p99 {result['p99_ms']:.4f} ms  ({args.repeat} runs)"]
     if args.compare_onnx:
         from .compare import OrtSession, errors
@@ -194,11 +196,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         threads = runner.manifest["target"]["spec"].get("num-cores") if runner.manifest["target"]["kind"] == "cpu" else None
         ort = OrtSession(args.compare_onnx, threads)
         ort_inputs = {**runner.bound_values, **inputs}  # onnxruntime still takes the bound inputs
-        result.update(errors(runner(**inputs), ort(ort_inputs)))
+        result.update(errors(graph(**inputs) if graph else runner(**inputs), ort(ort_inputs)))
         ort_t = Timing(ort.time(ort_inputs, repeat=args.repeat, warmup=args.warmup)).summary()
         result.update({f"ort_{k}": v for k, v in ort_t.items() if k.endswith("_ms")})
         result["speedup_vs_ort"] = result["ort_median_ms"] / result["median_ms"]
-        lines.append(f"onnxruntime  mean {result['ort_mean_ms']:.4f} ms  median {result['ort_median_ms']:.4f} ms  "
+        lines.append(f"{'onnxruntime':<17}mean {result['ort_mean_ms']:.4f} ms  median {result['ort_median_ms']:.4f} ms  "
                      f"p90 {result['ort_p90_ms']:.4f} ms  p99 {result['ort_p99_ms']:.4f} ms")
         lines.append(f"speedup vs onnxruntime {result['speedup_vs_ort']:.2f}x; max abs err {result['max_abs_err']:.3g}, "
                      f"max rel err {result['max_rel_err']:.3g}")
@@ -320,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup", type=int, default=10)
     s.add_argument("--compare-onnx", metavar="MODEL.onnx", help="also run onnxruntime on the same inputs")
     s.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    s.add_argument("--cuda-graph", action="store_true",
+                   help="GPU packages: time the whole call recorded into one CUDA graph and replayed (inputs and outputs "
+                        "on fixed device buffers, as torch's CUDA graphs)")
     s.add_argument("--profile", action="store_true",
                    help="also time each kernel (synchronised per call: for ranking them, not for the total)")
     s.set_defaults(func=cmd_bench)

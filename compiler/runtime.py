@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -165,19 +166,19 @@ class Runner:
                 raise TvmpipeError(f"{path}: its library does not load ({str(err).strip().splitlines()[-1]})") from err
         self._vm = VirtualMachine(lib, self.device)
 
-    def _arguments(self, arrays: dict[str, np.ndarray]) -> list:
-        import tvm
-
+    def _host_arrays(self, arrays: dict[str, np.ndarray], partial: bool = False) -> dict[str, np.ndarray]:
+        """``arrays`` checked against the manifest, as the compiled code reads them (C order, low-precision types as
+        their storage), by input name; one error lists every problem. ``partial``: inputs may be left out."""
         names = [i["name"] for i in self.inputs]
         problems = []
-        missing = [n for n in names if n not in arrays]
+        missing = [] if partial else [n for n in names if n not in arrays]
         problems += [p for spec in self.bound_inputs if (p := self._check_bound(spec, arrays))]
         extra = sorted(set(arrays) - set(names) - set(self.bound_values))
         if missing:
             problems.append(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
         if extra:
             problems.append(f"unknown input{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))}")
-        args = []
+        host = {}
         for spec in self.inputs:
             if spec["name"] not in arrays:
                 continue
@@ -193,13 +194,19 @@ class Runner:
                                 f"[{lo}, {hi}], the indices that {spec['index_of']} can read")
             else:
                 a = np.require(a, requirements="C")
-                if "storage" in spec:  # float8/int4 ...: the compiled code reads the storage bytes
-                    a = a.view(spec["storage"])
-                args.append(tvm.runtime.tensor(a, self.device))  # keeps 0-d arrays 0-d
+                # float8/int4 ...: the compiled code reads the storage bytes
+                host[spec["name"]] = a.view(spec["storage"]) if "storage" in spec else a
         if problems:
             expected = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs) or "no inputs"
             raise TvmpipeError(f"{'; '.join(problems)} (the package expects {expected})")
-        return args
+        return host
+
+    def _arguments(self, arrays: dict[str, np.ndarray]) -> list:
+        """``main``'s arguments: every input checked and copied to the device."""
+        import tvm
+
+        host = self._host_arrays(arrays)
+        return [tvm.runtime.tensor(host[spec["name"]], self.device) for spec in self.inputs]  # keeps 0-d arrays 0-d
 
     def _check_bound(self, spec: dict, arrays: dict[str, np.ndarray]) -> str | None:
         """Why a value fed for a bound input is refused (None if omitted or equal, bit for bit, to the bound
@@ -233,6 +240,13 @@ class Runner:
         else (its outputs stay on the device), for an outside profiler to watch."""
         args = self._arguments(arrays)
         return lambda: self._vm["main"](*args)
+
+    def capture(self, arrays: dict[str, np.ndarray]) -> CudaGraph:
+        """``main`` on ``arrays`` recorded into a CUDA graph, replayed by each call of it (GPU packages)."""
+        if self.manifest["target"]["kind"] != "cuda":
+            raise TvmpipeError(f"{self.path} is built for {self.manifest['target']['name']}: a CUDA graph needs a "
+                               "package built for a GPU target")
+        return CudaGraph(self, arrays)
 
     def time(self, arrays: dict[str, np.ndarray], repeat: int = 50, warmup: int = 5, number: int = 1) -> Timing:
         """Latency of one call with inputs already on the device (outputs stay there too); ``number`` > 1: each
@@ -292,6 +306,94 @@ class Runner:
             else:
                 out[spec["name"]] = rng.integers(0, 10, spec["shape"]).astype(dt)
         return out
+
+
+def _cuda_driver():
+    """NVIDIA's Python bindings of the CUDA driver (stream capture, graphs, events: TVM's runtime exposes none)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise TvmpipeError("a CUDA graph needs NVIDIA's CUDA bindings: pip install 'cuda-bindings>=13'") from None
+    return driver
+
+
+def _cu(result: tuple):
+    """A cuda-bindings call's values, or a TvmpipeError naming the CUDA error."""
+    err, *values = result
+    if int(err):
+        name = _cuda_driver().cuGetErrorName(err)[1]
+        raise TvmpipeError(f"CUDA error {name.decode() if isinstance(name, bytes) else err}")
+    return values[0] if len(values) == 1 else values
+
+
+class CudaGraph:
+    """A GPU package's ``main`` recorded once into a CUDA graph and replayed: one launch a call, on the device
+    buffers it was recorded with, as a torch CUDA graph. ``compile --cuda-graph`` records only the kernels that
+    neither read the model's inputs nor write its outputs (TVM's RewriteCUDAGraph), so a model of a few kernels,
+    such as a decoding step, keeps every launch and the VM's work around them; this records them all.
+
+    ``graph(**arrays)`` copies the arrays given into the recorded inputs (the others keep their last values),
+    replays and returns the outputs; ``replay()`` launches only (for timing). It replays on the stream that was
+    current when recording: memory that the recorded call freed went back to TVM's pool, and later calls may be
+    given it, which is safe while they are ordered with the replays on that stream.
+    """
+
+    def __init__(self, runner: Runner, arrays: dict[str, np.ndarray]):
+        import tvm_ffi
+
+        cu = self._cu = _cuda_driver()
+        self._runner = runner
+        self._inputs = runner._arguments(arrays)
+        main = runner._vm["main"]
+        main(*self._inputs)  # loads the kernels and fills the memory pools: neither may happen while recording
+        runner.device.sync()
+        self._stream = cu.CUstream(tvm_ffi.get_raw_stream(runner.device) or 0)
+        record = _cu(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
+        _cu(cu.cuStreamBeginCapture(record, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+        try:
+            with tvm_ffi.use_raw_stream(runner.device, int(record)):
+                self._outputs = main(*self._inputs)  # the graph writes these buffers
+        except Exception as err:
+            cu.cuStreamEndCapture(record)
+            cu.cuStreamDestroy(record)
+            raise TvmpipeError(f"{runner.path}: its main cannot be recorded into a CUDA graph "
+                               f"({str(err).strip().splitlines()[-1]})") from None
+        graph = _cu(cu.cuStreamEndCapture(record))
+        cu.cuStreamDestroy(record)
+        self._exec = _cu(cu.cuGraphInstantiate(graph, 0))
+        cu.cuGraphDestroy(graph)
+        weakref.finalize(self, cu.cuGraphExecDestroy, self._exec)
+
+    def replay(self) -> None:
+        _cu(self._cu.cuGraphLaunch(self._exec, self._stream))
+
+    def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        host = self._runner._host_arrays(arrays, partial=True)
+        _cu(self._cu.cuStreamSynchronize(self._stream))  # the last replay has read the inputs
+        for spec, tensor in zip(self._runner.inputs, self._inputs):
+            if spec["name"] in host:
+                tensor.copyfrom(host[spec["name"]])
+        self.replay()
+        _cu(self._cu.cuStreamSynchronize(self._stream))
+        return self._runner._collect(self._outputs)
+
+    def time(self, repeat: int = 50, warmup: int = 5, number: int = 1) -> Timing:
+        """As ``Runner.time``: each figure the mean over ``number`` replays between two CUDA events, in ms."""
+        cu = self._cu
+        start, end = _cu(cu.cuEventCreate(0)), _cu(cu.cuEventCreate(0))
+        for _ in range(max(warmup, 1)):
+            self.replay()
+        ms = []
+        for _ in range(repeat):
+            _cu(cu.cuEventRecord(start, self._stream))
+            for _ in range(number):
+                self.replay()
+            _cu(cu.cuEventRecord(end, self._stream))
+            _cu(cu.cuEventSynchronize(end))
+            ms.append(_cu(cu.cuEventElapsedTime(start, end)) / number)
+        cu.cuEventDestroy(start)
+        cu.cuEventDestroy(end)
+        return Timing(ms)
 
 
 def profile_table(kernels: list[KernelTime], top: int = 15) -> list[str]:

@@ -130,6 +130,13 @@ def test_bench_json_compare(capsys, small_pkg):
     assert {"mean_ms", "p90_ms", "p99_ms"} <= set(result)
 
 
+def test_bench_cuda_graph_refuses_cpu_package(capsys, small_pkg):
+    _, pkg = small_pkg
+    r = run_cli(capsys, "bench", pkg, "--repeat", "3", "--cuda-graph")
+    assert r.code == 2 and "is built for cpu: a CUDA graph needs a package built for a GPU target" in r.err
+    assert "Traceback" not in r.err
+
+
 def test_corrupt_package(capsys, tmp_path, small_pkg):
     _, pkg = small_pkg
     data = bytearray(pkg.read_bytes())
