@@ -47,7 +47,8 @@ def build(mod: tvm.IRModule, target: TargetInfo, *, cuda_graph: bool = False) ->
     """Lower the Relax dataflow to VM code and compile all kernels for ``target``.
 
     ``cuda_graph``: the CUDA finalisation (RewriteCUDAGraph) captures the statically planned part of
-    ``main`` into a CUDA graph on the first call and replays it afterwards: one launch per call.
+    ``main`` into a CUDA graph on the first call and replays it afterwards; kernels that read an input or write an
+    output stay outside (launched per call), so a model of one node gets no graph (``Runner.capture`` records all).
     """
     if target.is_gpu and (unbound := _unbound_gpu_kernels(mod)):
         raise RuntimeError(f"kernels left unscheduled for {target.name} (no thread binding): {', '.join(unbound)}")

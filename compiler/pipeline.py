@@ -26,7 +26,7 @@ class Options:
     fusion: str = "tvmpipe"  # passes.FUSION_LEVELS; --no-fusion is "none"
     custom_schedules: bool = True
     precision: str = "fp32"  # or "fp16" (GPU): mixed precision with fp32 accumulation
-    cuda_graph: bool = False  # GPU: replay the whole model as one CUDA graph
+    cuda_graph: bool = False  # GPU: TVM's graph of the kernels between inputs and outputs (not those touching them)
     # "auto": the log in tuning_logs/<target>/<model key>/ if there is one; a directory; or None for no log
     tuning_log: str | Path | None = "auto"
     extra: dict = field(default_factory=dict)
