@@ -118,7 +118,7 @@ def run(out: Path) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.common import cuda_ms, gpu_slug, interleaved
+    from benchmarks.common import cuda_ms, gpu_slug, interleaved, rotation
     from compiler.runtime import load
 
     def check(runner, b, s, skv, h, hkv, d):
@@ -171,9 +171,7 @@ def run(out: Path) -> None:
 
     def time_all(rec: dict, turns: dict) -> None:
         """Each turn's ``<impl>_ms`` into ``rec``: the median of its calls over ROUNDS rounds, each starting one later."""
-        names = list(turns)
-        times = interleaved(turns, ROUNDS, order=lambda i: names[i % len(names):] + names[:i % len(names)],
-                            pause=lambda: None)
+        times = interleaved(turns, ROUNDS, order=rotation(list(turns)), pause=lambda: None)
         rec.update({f"{impl}_ms": float(np.median(ms)) for impl, ms in times.items()})
     for name, case in CASES.items():
         b, s, skv, h, hkv, d = case

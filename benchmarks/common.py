@@ -36,6 +36,11 @@ def interleaved(turns: dict[str, Callable[[], list[float]]], rounds: int,
     return times
 
 
+def rotation(names: list[str]) -> Callable[[int], list[str]]:
+    """An ``interleaved`` order in which each round starts one later than the last."""
+    return lambda i: names[i % len(names):] + names[:i % len(names)]
+
+
 def cuda_ms(fn, repeat: int, warmup: int) -> list[float]:
     """Per-call latency of ``fn`` with CUDA events, one call between each pair (launch overhead included)."""
     import torch

@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import cuda_ms, gpu_slug, interleaved  # noqa: E402
+from benchmarks.common import cuda_ms, gpu_slug, interleaved, rotation  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "rope"
 # [batch, heads, seq, head dim]: a prefill's queries (Llama-style 32 heads of 128), a long prompt, 64-dim heads
@@ -102,11 +102,8 @@ def run(out: Path) -> None:
                     errs[impl] = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
                 fns["copy"] = lambda: y.copy_(x)
                 nbytes = 2 * x.numel() * x.element_size()  # x read, y written (cos / sin: 1 / (b h) of that)
-                names = list(fns)  # each round starting one later
                 times = interleaved({n: (lambda fn=fn: cuda_ms(fn, repeat=REPS, warmup=1)) for n, fn in fns.items()},
-                                    ROUNDS,
-                                    order=lambda i: names[i % len(names):] + names[:i % len(names)],
-                                    pause=lambda: None)
+                                    ROUNDS, order=rotation(list(fns)), pause=lambda: None)
                 ms = {n: statistics.median(t) for n, t in times.items()}
                 for impl in (*IMPLS, "torch"):
                     rec = {"impl": impl, "shape": list(shape), "dtype": dtype, "ms": ms[impl],
