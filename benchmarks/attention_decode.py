@@ -19,7 +19,6 @@ or DLight's default (``tvmpipe-concat-dlight``); against torch's ``cat`` + SDPA.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,6 +27,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.common import build_or_run, cuda_ms, gpu_slug, interleaved, rotation  # noqa: E402
+
 BUILD = REPO / "build" / "gpu" / "decode"
 # timing: ROUNDS rounds over every build and torch's backends, each round starting one later (load from elsewhere on
 # the machine hits all alike), REPEAT calls a turn; a record's ms is the median of all its calls
@@ -118,7 +120,6 @@ def run(out: Path) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.common import cuda_ms, gpu_slug, interleaved, rotation
     from compiler.runtime import load
 
     def check(runner, b, s, skv, h, hkv, d):
@@ -260,11 +261,7 @@ def run(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--build", action="store_true", help="compile the packages here")
-    mode.add_argument("--run", action="store_true", help="check and time them on the GPU machine")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap = build_or_run(__doc__, "packages")
     ap.add_argument("--variants", action="store_true", help="--build: also the tensor-core form's TC_VARIANTS")
     args = ap.parse_args()
     build({**VARIANTS, **(TC_VARIANTS if args.variants else {})}) if args.build else run(args.out)

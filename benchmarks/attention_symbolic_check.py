@@ -9,7 +9,6 @@ shapes, each checked against float64 (torch). Both forms of the decode kernel (`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,6 +17,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.common import build_or_run, gpu_slug  # noqa: E402
+
 BUILD = REPO / "build" / "gpu" / "attention-symbolic"
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-style grouped heads
 # (batch, query rows, keys; rows <= keys): decoding steps (1 and 4 rows: the decode kernel), a prompt (the prefill
@@ -69,7 +71,6 @@ def run(out: Path) -> None:
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
-    from benchmarks.common import gpu_slug
     from compiler.runtime import load_cuda_runtime
 
     load_cuda_runtime()
@@ -96,12 +97,7 @@ def run(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--build", action="store_true", help="compile the modules here")
-    mode.add_argument("--run", action="store_true", help="check them on the GPU machine")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    args = ap.parse_args()
+    args = build_or_run(__doc__, "modules", "check them on the GPU machine").parse_args()
     build() if args.build else run(args.out)
 
 

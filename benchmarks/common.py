@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 # CPU: thread pools spin after a call, holding a core: TVM's worker for ~120 ms after the last kernel, onnxruntime's
 # for ~40 ms (each thread's CPU ticks in /proc, 2026-12-04). What is timed within that window shares the 2 cores with
@@ -39,6 +41,18 @@ def interleaved(turns: dict[str, Callable[[], list[float]]], rounds: int,
 def rotation(names: list[str]) -> Callable[[int], list[str]]:
     """An ``interleaved`` order in which each round starts one later than the last."""
     return lambda i: names[i % len(names):] + names[:i % len(names)]
+
+
+def build_or_run(doc: str, built: str, run_does: str = "check and time them on the GPU machine"
+                 ) -> argparse.ArgumentParser:
+    """The parser of a GPU script that ``--build``s ``built`` here and ``--run``s them there (one of the two, required),
+    writing under ``--out``; the caller adds its own flags."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--build", action="store_true", help=f"compile the {built} here")
+    mode.add_argument("--run", action="store_true", help=run_does)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    return ap
 
 
 def cuda_ms(fn, repeat: int, warmup: int) -> list[float]:

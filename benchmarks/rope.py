@@ -9,7 +9,6 @@ torch's eager expression and a device copy of ``x``, in one run, checked against
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import cuda_ms, gpu_slug, interleaved, rotation  # noqa: E402
+from benchmarks.common import build_or_run, cuda_ms, gpu_slug, interleaved, rotation  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "rope"
 # [batch, heads, seq, head dim]: a prefill's queries (Llama-style 32 heads of 128), a long prompt, 64-dim heads
@@ -119,12 +118,7 @@ def run(out: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--build", action="store_true", help="compile the kernels here")
-    mode.add_argument("--run", action="store_true", help="check and time them on the GPU machine")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    args = ap.parse_args()
+    args = build_or_run(__doc__, "kernels").parse_args()
     build() if args.build else run(args.out)
     return 0
 
