@@ -1,7 +1,6 @@
 """Check that a cuda-sm90 package built on a machine without a GPU loads and runs on one with TVM's
 runtime only, with no CUDA compiler involved, and matches onnxruntime, also recorded into one CUDA graph
-(``Runner.capture``), also when built with ``--cuda-graph`` (TVM's graph of the middle kernels recorded inside
-ours); and that a package planned for another
+(``Runner.capture``); and that a package planned for another
 SM count (a target file saying ``"sms": 114``, an H100 PCIe's) warns at load and still computes right.
 
     python benchmarks/gpu_package_check.py --build            # here: build/gpu/demo-cuda-sm90.tvmpkg, softmax-114sm
@@ -26,7 +25,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 BUILD = REPO / "build" / "gpu"
 PKG = BUILD / "demo-cuda-sm90.tvmpkg"
-GRAPH_PKG = BUILD / "demo-cuda-sm90-graph.tvmpkg"  # the same built with --cuda-graph (TVM's RewriteCUDAGraph)
 MODEL = REPO / "models" / "demo.onnx"
 # A softmax of 8 rows of 256K, split over blocks that must all be resident, planned for 114 SMs
 SM_PKG, SM_SHAPE, SM_PLANNED = BUILD / "softmax-114sm.tvmpkg", (8, 1 << 18), 114
@@ -35,11 +33,10 @@ SM_PKG, SM_SHAPE, SM_PLANNED = BUILD / "softmax-114sm.tvmpkg", (8, 1 << 18), 114
 def build() -> None:
     from onnx import TensorProto, helper, save
 
-    from compiler.pipeline import Options, compile_model
+    from compiler.pipeline import compile_model
 
-    for pkg, options in ((PKG, Options()), (GRAPH_PKG, Options(cuda_graph=True))):
-        manifest = compile_model(MODEL, "cuda-sm90", pkg, {"image": (2, 3, 32, 32)}, options)
-        print(f"built {pkg} ({pkg.stat().st_size} bytes): {manifest['gpu_code']}")
+    manifest = compile_model(MODEL, "cuda-sm90", PKG, {"image": (2, 3, 32, 32)})
+    print(f"built {PKG} ({PKG.stat().st_size} bytes): {manifest['gpu_code']}")
     target, model = BUILD / f"cuda-sm90-{SM_PLANNED}sm.json", BUILD / "softmax.onnx"
     target.write_text(json.dumps({**json.loads((REPO / "targets" / "cuda-sm90.json").read_text()), "sms": SM_PLANNED}))
     x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, SM_SHAPE) for n in "xy")
@@ -88,7 +85,6 @@ def run(out: Path) -> None:
         "latency": timing,
         "sm_count": sm_count_check(load, rng, torch.cuda.get_device_properties(0).multi_processor_count),
         "cuda_graph": capture_check(runner, rng),
-        "cuda_graph_of_graph_build": capture_check(load(str(GRAPH_PKG)), rng),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"package-check-{gpu_slug()}.json").write_text(json.dumps(record, indent=2))
@@ -97,13 +93,9 @@ def run(out: Path) -> None:
 
 def capture_check(runner, rng: np.random.Generator) -> dict:
     """``Runner.capture`` on the demo package (all its kernels in one CUDA graph): the replayed outputs against the VM's
-    on the inputs it was recorded with, on fresh inputs copied in, and the latency of each way; or the error that
-    refused the capture."""
+    on the inputs it was recorded with, on fresh inputs copied in, and the latency of each way."""
     first, fresh = (runner.random_inputs(seed=int(rng.integers(1 << 31))) for _ in range(2))
-    try:
-        graph = runner.capture(first)
-    except Exception as e:  # (recorded, not raised: the other checks' results are still written)
-        return {"kernels": len(runner.manifest["kernels"]), "error": f"{type(e).__name__}: {e}"}
+    graph = runner.capture(first)
 
     def exact(a: dict, b: dict) -> bool:
         return all(np.array_equal(a[n], b[n]) for n in b)

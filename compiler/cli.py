@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16 (GPU targets): fp16 conv/matmul with fp32 accumulation; inputs/outputs stay fp32")
     s.add_argument("--cuda-graph", action="store_true",
                    help="GPU targets: replay the kernels that neither read an input nor write an output as one CUDA "
-                        "graph (TVM's; bench --cuda-graph / Runner.capture record the whole call)")
+                        "graph (TVM's; bench --cuda-graph / Runner.capture record the whole call of a package built without it)")
     s.add_argument("--tuning-log", metavar="DIR",
                    help="apply this tuning log (default: tuning_logs/TARGET/MODEL-KEY/ if it exists)")
     s.add_argument("--no-tuning-log", action="store_true", help="apply no tuning log")
@@ -325,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compare-onnx", metavar="MODEL.onnx", help="also run onnxruntime on the same inputs")
     s.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     s.add_argument("--cuda-graph", action="store_true",
-                   help="GPU packages: time the whole call recorded into one CUDA graph and replayed (inputs and outputs "
-                        "on fixed device buffers, as torch's CUDA graphs)")
+                   help="GPU packages built without --cuda-graph: time the whole call recorded into one CUDA graph and "
+                        "replayed (inputs and outputs on fixed device buffers, as torch's CUDA graphs)")
     s.add_argument("--profile", action="store_true",
                    help="also time each kernel (synchronised per call: for ranking them, not for the total)")
     s.set_defaults(func=cmd_bench)

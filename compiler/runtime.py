@@ -242,7 +242,12 @@ class Runner:
         return lambda: self._vm["main"](*args)
 
     def capture(self, arrays: dict[str, np.ndarray]) -> CudaGraph:
-        """``main`` on ``arrays`` recorded into a CUDA graph, replayed by each call of it (GPU packages)."""
+        """``main`` on ``arrays`` recorded into a CUDA graph, replayed by each call of it (GPU packages built without
+        ``--cuda-graph``: the driver refuses to record TVM's own graph capture inside this one, H100 2026-12-06,
+        cudaErrorStreamCaptureUnsupported)."""
+        if self.manifest.get("options", {}).get("cuda_graph"):
+            raise TvmpipeError(f"{self.path} was built with --cuda-graph, whose own CUDA graph cannot be recorded "
+                               "inside another: rebuild it without --cuda-graph to record the whole call")
         if self.manifest["target"]["kind"] != "cuda":
             raise TvmpipeError(f"{self.path} is built for {self.manifest['target']['name']}: a CUDA graph needs a "
                                "package built for a GPU target")

@@ -137,6 +137,20 @@ def test_bench_cuda_graph_refuses_cpu_package(capsys, small_pkg):
     assert "Traceback" not in r.err
 
 
+def test_bench_cuda_graph_refuses_graph_build(capsys, tmp_path, small_pkg):
+    """A package built with --cuda-graph (its manifest says so) is refused before the GPU is touched: TVM's graph
+    capture inside ours failed on the H100 with a driver error."""
+    _, pkg = small_pkg
+    with zipfile.ZipFile(pkg) as zin, zipfile.ZipFile(tmp_path / "graph.tvmpkg", "w") as zout:
+        manifest = json.loads(zin.read("manifest.json"))
+        manifest["options"]["cuda_graph"] = True
+        for name in zin.namelist():
+            zout.writestr(name, json.dumps(manifest) if name == "manifest.json" else zin.read(name))
+    r = run_cli(capsys, "bench", tmp_path / "graph.tvmpkg", "--repeat", "3", "--cuda-graph")
+    assert r.code == 2 and "was built with --cuda-graph" in r.err and "rebuild it without --cuda-graph" in r.err
+    assert "Traceback" not in r.err
+
+
 def test_corrupt_package(capsys, tmp_path, small_pkg):
     _, pkg = small_pkg
     data = bytearray(pkg.read_bytes())
