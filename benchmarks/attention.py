@@ -83,8 +83,7 @@ class Case:
         kernel with 2 computing warpgroups in ping-pong (``p``) or not, with 2 stages, with 2 computing warpgroups
         instead of 3 or 3 instead of 2 (d128: of 64-key tiles), and persistent (``P``) or not, whichever the rule
         did not pick (persistent: also with one Q buffer, and with the next item's first S carried or not, whichever
-        the rule did not pick, ``TileConfig.carry``, and with the next item's tiles prefetched into L2 or not,
-        ``TileConfig.prefetch``; not: without ping-pong), and without its peeled last key tile
+        the rule did not pick, ``TileConfig.carry``; not: without ping-pong), and without its peeled last key tile
         (``TileConfig.peel``). The correctness cases check the
         rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
@@ -111,9 +110,8 @@ class Case:
             else:
                 other.append(replace(chosen, persistent=SMS["sm_90"]))
             other.append(replace(chosen, peel=False, carry=False))  # the last key tile in the loop (``z``)
-            if chosen.persistent:  # the next item's first S carried behind the last P·V (``c``), or not; the next
-                # item's tiles prefetched into L2 (``f``), or not
-                other += [replace(chosen, carry=not chosen.carry), replace(chosen, prefetch=not chosen.prefetch)]
+            if chosen.persistent:  # the next item's first S carried behind the last P·V (``c``), or not
+                other.append(replace(chosen, carry=not chosen.carry))
         return [c for c in other if c != chosen]
 
 

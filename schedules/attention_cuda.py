@@ -146,9 +146,6 @@ class TileConfig:
     # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor
     # cores run it under the epilogue and the change of item instead of after them
     carry: bool = False
-    # persistent: the producer asks L2 for the next item's Q and first K/V tile (TMA prefetch, no shared memory) as it
-    # starts this item's loads, so that they come from L2, not DRAM, when their buffers free up (one Q buffer for d128)
-    prefetch: bool = False
 
     @property
     def name(self) -> str:
@@ -157,7 +154,7 @@ class TileConfig:
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
-                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'f' if self.prefetch else ''}")
+                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -306,7 +303,6 @@ def mma_body(spec, cfg: TileConfig):
     PS = PC > 0
     PEEL = WS and cfg.peel  # (see TileConfig.peel)
     CARRY = PS and PEEL and cfg.carry  # (see TileConfig.carry)
-    PREFETCH = PS and cfg.prefetch  # (see TileConfig.prefetch)
     Q_OFF, K_OFF = 0, QB * BM * RS  # in one shared buffer (elements): Q buffers, K stages, V stages
     V_OFF = K_OFF + stages * BN * RS
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows (not persistent)
@@ -342,7 +338,6 @@ def mma_body(spec, cfg: TileConfig):
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
-    assert not cfg.prefetch or PREFETCH, "the next item's tiles prefetched: a persistent kernel"
     assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -434,9 +429,6 @@ def mma_body(spec, cfg: TileConfig):
     # Uses hoisted above the wait make ptxas serialise all wgmma of the kernel.
     pin_src = {t: f'__forceinline__ __device__ void tvmpipe_pin_{t}({t}& r) {{ asm volatile("" : "+{c}"(r) :: "memory"); }}'
                for t, c in (("float", "f"), ("uint", "r"))}
-    prefetch_src = ('__forceinline__ __device__ void tvmpipe_prefetch_tile(const void* map, int c0, int c1, int c2, int c3) '
-                    '{ asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" '
-                    ':: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory"); }')
 
     wab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
     # descriptor strides (LBO, SBO) in bytes, see ``at`` (K-major swizzled: LBO unused)
@@ -573,24 +565,6 @@ def mma_body(spec, cfg: TileConfig):
                          mbar(sbase, i),
                          "async", "bulk", "tensor", "4d", "shared::cluster", "global", "",
                          "mbarrier::complete_tx::bytes", "", "", "", "")
-
-        @T.inline
-        def prefetch(tmap, row0, head, b_):
-            """TMA prefetch into L2 of rows row0.. of ``head`` (the boxes ``tma`` loads; nothing lands in shared
-            memory, nothing completes on an mbarrier)."""
-            for cb in T.unroll(D // 64):
-                T.evaluate(T.cuda.func_call("tvmpipe_prefetch_tile", T.reinterpret(T.handle().ty, T.address_of(tmap)),
-                                            *[T.Cast("int32", c) for c in (cb * 64, head, row0, b_)],
-                                            source_code=prefetch_src))
-
-        @T.inline
-        def prefetch_next(it):
-            """Persistent: L2 prefetch of item ``it`` + 1's Q tile and first K/V tile, if this CTA has that item."""
-            if it + 1 < cta_items(bx0):
-                nxt = T.meta_var(work_item(bx0 + (it + 1) * ctas))
-                prefetch(maps[0], tile_start(nxt[0]), nxt[1], nxt[2])
-                prefetch(maps[1], 0, nxt[1] // G, nxt[2])
-                prefetch(maps[2], 0, nxt[1] // G, nxt[2])
 
         @T.inline
         def load_kv(j):
@@ -979,8 +953,6 @@ def mma_body(spec, cfg: TileConfig):
                     if PS:
                         for it in T.serial(cta_items(bx0)):
                             set_work(it)
-                            if PREFETCH:
-                                prefetch_next(it)
                             produce()
                             fills[0] = fills[0] + n_kv
                     else:

@@ -478,8 +478,6 @@ def _helpers(preamble: str) -> str:
             defs.append(f"static inline void {name}() {{ emu_setmaxnreg({m.group(2)}, {str(m.group(1) == 'inc').lower()}); }}")
         elif name.startswith("tvm_builtin_ptx_fence_mbarrier_init"):  # (the emulated mbarriers are mutex-guarded)
             defs.append(f"static inline void {name}() {{}}")
-        elif name == "tvmpipe_prefetch_tile":  # an L2 prefetch: nothing to emulate
-            defs.append(f"static inline void {name}({params}) {{}}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")
         elif re.fullmatch(r"tvm_builtin_ptx_(wgmma_fence|fence_proxy)_\w+", name):

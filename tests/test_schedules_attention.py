@@ -293,11 +293,6 @@ TILE_CONFIGS = {
     "wgmma-tma-persistent-carry-2q-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
                                                     persistent=4, q_bufs=2, pingpong=True, lpt_heads=2, carry=True),
                                                (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
-    # ... the next item's Q and first K/V tile prefetched into L2 by the producer (``prefetch``: a no-op here, so this
-    # checks that the prefetch leaves the pipeline as it was; ptxas checks the instruction, below)
-    "wgmma-tma-persistent-prefetch": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, persistent=3,
-                                           lpt_heads=2, prefetch=True),
-                                      (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
     "wgmma-tma-persistent-unpeeled": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True, persistent=3,
                                            peel=False),
                                       (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
