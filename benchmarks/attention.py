@@ -84,8 +84,8 @@ class Case:
         instead of 3 or 3 instead of 2 (d128: of 64-key tiles), and persistent (``P``) or not, whichever the rule
         did not pick (persistent: also with one Q buffer, and with the next item's first S carried or not, whichever
         the rule did not pick, ``TileConfig.carry``; not: without ping-pong), and without its peeled last key tile
-        (``TileConfig.peel``). The correctness cases check the
-        rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
+        (``TileConfig.peel``); causal, in L2 sections of 1/2 to 1/16 as many (batch, head) pairs (``lpt_heads``). The
+        correctness cases check the rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
                                              wgmma_config)
         from schedules.common import SMS
@@ -112,6 +112,8 @@ class Case:
             other.append(replace(chosen, peel=False, carry=False))  # the last key tile in the loop (``z``)
             if chosen.persistent:  # the next item's first S carried behind the last P·V (``c``), or not
                 other.append(replace(chosen, carry=not chosen.carry))
+        if self.causal and chosen.lpt_heads:  # smaller L2 sections of the causal launch order (``lpt_heads``)
+            other += [replace(chosen, lpt_heads=max(1, chosen.lpt_heads >> s)) for s in (1, 2, 3, 4)]
         return [c for c in other if c != chosen]
 
 

@@ -173,8 +173,11 @@ def cp_async_wgmma_config(head_dim: int) -> TileConfig:
     return TileConfig(warps=16 if head_dim <= 64 else 12, m_tiles=1, bn=64, stages=3, wgmma=True)
 
 
-# K/V bytes the heads of one LPT section may share in L2 (FlashAttention-3's figure for the H100's 50 MB)
-L2_KV_BYTES = 32 << 20
+# K/V bytes the heads of one LPT section may share in L2. FlashAttention-3 takes 32 MB for the H100's 50 MB; Nsight
+# Compute on the H100 (attention-ncu-h100-80gb-hbm3.json) had our causal kernels read 1.4-1.8x the minimum from DRAM
+# with it (a head's K/V evicted between its query tiles by the section's Q, O and other K/V), and 8 MB ran faster:
+# H100, two runs (rerun/attention-h100-lpt-sections/): causal seq 2048 d128 +5 %, d64 +6 %.
+L2_KV_BYTES = 8 << 20
 
 
 def lpt_section(spec) -> int:
@@ -222,15 +225,22 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     stages) -4 to -17 % at seq 512 (the next item's Q, loaded only once this item's last S is in, is then waited for
     before the epilogue instead of under it; but d128 with 2 stages and 2 Q buffers lost 6-11 % carried too); d64
     without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. The grid is the target's SM count
-    (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave)."""
+    (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave). Causal: the L2 sections
+    hold at most a quarter of the grid's items, so that a head's query tiles run within one round of the CTAs and
+    each CTA's items (static round robin, ``ctas`` apart) cycle through the heavy and light ones; H100, two runs
+    (rerun/attention-h100-lpt-sections/), d128 at seq 512: sections of 8 pairs (32 items) +14 % over the 128 of
+    ``lpt_section``, 16 pairs +9 %, 32 pairs (128 items: each CTA kept the same weight of item from section to
+    section) -13 %."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
         return cfg
     d64, cfg = spec.head_dim <= 64, replace(cfg, persistent=sm_count())
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
-    if causal:
-        return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1, carry=d64)
+    if causal:  # sections of at most a quarter of the grid's items (see below)
+        pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))
+        heads = min(cfg.lpt_heads or pairs * spec.group, (1 << pairs.bit_length() - 1) * spec.group)
+        return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1, carry=d64, lpt_heads=heads)
     long = at_least(spec.seq_q, 2048)
     return replace(cfg, q_bufs=2 if d64 and not long else 1, pingpong=cfg.warps == 8 and long)
 

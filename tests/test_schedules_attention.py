@@ -668,11 +668,15 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     for seq, d, causal in ((512, 32, "none"), (2048, 96, "TopLeft")):
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.wgmma, cfg.tma, cfg.warps, cfg.bn) == (True, False, 16 if d <= 64 else 12, 64), (seq, d, causal, cfg)
-    # sections: pairs whose K/V (seq x 2d x 2 bytes each) fit 32 MB, rounded down to a power of two, x query heads per K/V head
-    sections = {(8192, 64, 16): 16, (2048, 64, 16): 64, (8192, 128, 16): 8, (6000, 128, 4): 4 * 8, (70000, 128, 16): 1}
+    # sections: pairs whose K/V (seq x 2d x 2 bytes each) fit 8 MB, rounded down to a power of two, x query heads per K/V
+    # head; the persistent kernel (causal below 2048 rows): at most a quarter of its 132 CTAs' items (128-row tiles)
+    sections = {(8192, 64, 16): 4, (2048, 64, 16): 16, (8192, 128, 16): 2, (6000, 128, 4): 4 * 2, (70000, 128, 16): 1,
+                (512, 128, 16): 8, (1024, 64, 16): 4, (512, 128, 4): 4 * 8}
     for (seq, d, kv_heads), pairs in sections.items():
         cfg = choose(spec(seq, d, "TopLeft", kv_heads), wgmma=True)
         assert cfg.wgmma and cfg.lpt_heads == pairs, (seq, d, kv_heads, cfg)
+    with planning_for(114):  # 114 // 4 // 4 query tiles = 7 pairs: 4
+        assert choose(spec(512, 128, "TopLeft"), wgmma=True).lpt_heads == 4
     assert choose(spec(tvm.tirx.Var("s", "int64"), 64, "TopLeft"), wgmma=True).lpt_heads == 0  # unknown K/V size
     # without TMA, per-warpgroup diagonals up to 4096 rows (causal only)
     assert choose(spec(2048, 96, "TopLeft"), wgmma=True).group_diag and choose(spec(4096, 32, "TopLeft"), wgmma=True).group_diag
