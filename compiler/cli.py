@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16 (GPU targets): fp16 conv/matmul with fp32 accumulation; inputs/outputs stay fp32")
     s.add_argument("--cuda-graph", action="store_true",
                    help="GPU targets: replay the kernels that neither read an input nor write an output as one CUDA "
-                        "graph (TVM's; bench --cuda-graph / Runner.capture record the whole call of a package built without it)")
+                        "graph (TVM's; bench --cuda-graph / Runner.capture record the whole call of a package built "
+                        "without it)")
     s.add_argument("--tuning-log", metavar="DIR",
                    help="apply this tuning log (default: tuning_logs/TARGET/MODEL-KEY/ if it exists)")
     s.add_argument("--no-tuning-log", action="store_true", help="apply no tuning log")

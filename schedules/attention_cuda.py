@@ -228,8 +228,8 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave). Causal: the L2 sections
     hold at most a quarter of the grid's items, so that a head's query tiles run within one round of the CTAs and
     each CTA's items (static round robin, ``ctas`` apart) cycle through the heavy and light ones; H100, two runs
-    (rerun/attention-h100-lpt-sections/), d128 at seq 512: sections of 8 pairs (32 items) +14 % over the 128 of
-    ``lpt_section``, 16 pairs +9 %, 32 pairs (128 items: each CTA kept the same weight of item from section to
+    (rerun/attention-h100-lpt-sections/), d128 at seq 512: sections of 8 pairs (32 items) +14 % over 128 pairs (the
+    32 MB sections before), 16 pairs +9 %, 32 pairs (128 items: each CTA kept the same weight of item from section to
     section) -13 %."""
     causal = spec.causal != "none"
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
@@ -238,7 +238,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
     if causal:  # sections of at most a quarter of the grid's items (see below)
-        pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))
+        pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))  # (128-row query tiles: 2 warpgroups)
         heads = min(cfg.lpt_heads or pairs * spec.group, (1 << pairs.bit_length() - 1) * spec.group)
         return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1, carry=d64, lpt_heads=heads)
     long = at_least(spec.seq_q, 2048)
