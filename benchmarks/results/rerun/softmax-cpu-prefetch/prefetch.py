@@ -2,7 +2,7 @@
 process (``benchmarks.softmax``'s CPU timing: best of 60 calls each), ``--runs`` times over row sizes from 4 KB to
 200 KB: where the prefetch pays on this CPU (``schedules.softmax._PREFETCH_ROW_BYTES``).
 
-    python benchmarks/results/rerun/softmax-cpu-prefetch/prefetch.py [--runs 3] [--out run1.json]
+    python benchmarks/results/rerun/softmax-cpu-prefetch/prefetch.py [--runs 3] [--out run1.json] [--shapes 8192x128,...]
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("run1.json"))
+    ap.add_argument("--shapes", help="rows x cols to time instead of SHAPES, e.g. 8192x128,16384x60")
     args = ap.parse_args()
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     info = targets.resolve("cpu")
 
     def build(rows: int, cols: int, prefetch: bool):
@@ -39,7 +41,7 @@ def main() -> None:
 
     rng, records = np.random.default_rng(0), []
     for run in range(args.runs):
-        for rows, cols in SHAPES:
+        for rows, cols in shapes:
             xt = tvm.runtime.tensor((rng.standard_normal((rows, cols)) * 4).astype("float32"))
             yt = tvm.runtime.empty((rows, cols), "float32")
             on, off = build(rows, cols, True), build(rows, cols, False)
