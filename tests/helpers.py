@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,3 +89,13 @@ def compile_and_compare(
     with np.load(tmp_path / "out.npz") as f:
         ours = {k: f[k] for k in f.files}
     return ours, ort_run(src if reference is None else save(reference, tmp_path / "reference.onnx"), inputs)
+
+
+def with_manifest(pkg: Path, out: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of package ``pkg`` at ``out`` whose manifest ``edit`` changed in place (the other members as they are)."""
+    with zipfile.ZipFile(pkg) as zin, zipfile.ZipFile(out, "w") as zout:
+        manifest = json.loads(zin.read("manifest.json"))
+        edit(manifest)
+        for name in zin.namelist():
+            zout.writestr(name, json.dumps(manifest) if name == "manifest.json" else zin.read(name))
+    return out

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-from helpers import make_model, run_cli, save
+from helpers import make_model, run_cli, save, with_manifest
 
 F = TP.FLOAT
 REPO = Path(__file__).resolve().parent.parent
@@ -102,11 +102,7 @@ def relu_pkg(tmp_path_factory):
 
 
 def test_package_of_another_format_version(capsys, tmp_path, relu_pkg):
-    with zipfile.ZipFile(relu_pkg) as zin, zipfile.ZipFile(tmp_path / "new.tvmpkg", "w") as zout:
-        manifest = json.loads(zin.read("manifest.json"))
-        manifest.update(format_version=99, tvmpipe_version="9.0.0")
-        zout.writestr("manifest.json", json.dumps(manifest))
-        zout.writestr("model.so", zin.read("model.so"))
+    with_manifest(relu_pkg, tmp_path / "new.tvmpkg", lambda m: m.update(format_version=99, tvmpipe_version="9.0.0"))
     np.savez(tmp_path / "in.npz", x=np.zeros((2, 3), np.float32))
     err = _one_error_line(run_cli(capsys, "run", tmp_path / "new.tvmpkg", "--inputs", tmp_path / "in.npz"))
     assert "format 99" in err and "recompile" in err

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-from helpers import make_model, ort_run, rel_err, run_cli, save
+from helpers import make_model, ort_run, rel_err, run_cli, save, with_manifest
 
 F = TP.FLOAT
 
@@ -141,12 +141,8 @@ def test_bench_cuda_graph_refuses_graph_build(capsys, tmp_path, small_pkg):
     """A package built with --cuda-graph (its manifest says so) is refused before the GPU is touched: TVM's graph
     capture inside ours failed on the H100 with a driver error."""
     _, pkg = small_pkg
-    with zipfile.ZipFile(pkg) as zin, zipfile.ZipFile(tmp_path / "graph.tvmpkg", "w") as zout:
-        manifest = json.loads(zin.read("manifest.json"))
-        manifest["options"]["cuda_graph"] = True
-        for name in zin.namelist():
-            zout.writestr(name, json.dumps(manifest) if name == "manifest.json" else zin.read(name))
-    r = run_cli(capsys, "bench", tmp_path / "graph.tvmpkg", "--repeat", "3", "--cuda-graph")
+    graph = with_manifest(pkg, tmp_path / "graph.tvmpkg", lambda m: m["options"].update(cuda_graph=True))
+    r = run_cli(capsys, "bench", graph, "--repeat", "3", "--cuda-graph")
     assert r.code == 2 and "was built with --cuda-graph" in r.err and "rebuild it without --cuda-graph" in r.err
     assert "Traceback" not in r.err
 
@@ -166,27 +162,20 @@ def test_corrupt_package(capsys, tmp_path, small_pkg):
 
 def test_package_from_other_version(capsys, tmp_path, small_pkg):
     _, pkg = small_pkg
-    with zipfile.ZipFile(pkg) as zin, zipfile.ZipFile(tmp_path / "old.tvmpkg", "w") as zout:
-        m = json.loads(zin.read("manifest.json"))
-        m["tvm_version"] = "0.19.0"
-        zout.writestr("manifest.json", json.dumps(m))
-        zout.writestr("model.so", zin.read("model.so"))
-    r = run_cli(capsys, "bench", tmp_path / "old.tvmpkg")
+    old = with_manifest(pkg, tmp_path / "old.tvmpkg", lambda m: m.update(tvm_version="0.19.0"))
+    r = run_cli(capsys, "bench", old)
     assert r.code == 2 and "built with TVM 0.19.0" in r.err
 
 
 def test_cuda_package_refused_without_gpu(capsys, tmp_path, small_pkg):
     _, pkg = small_pkg
-    with zipfile.ZipFile(pkg) as zin, zipfile.ZipFile(tmp_path / "gpu.tvmpkg", "w") as zout:
-        m = json.loads(zin.read("manifest.json"))
-        m["target"].update(name="cuda-sm90", kind="cuda", arch="sm_90")
-        zout.writestr("manifest.json", json.dumps(m))
-        zout.writestr("model.so", zin.read("model.so"))
+    gpu = with_manifest(pkg, tmp_path / "gpu.tvmpkg", lambda m: m["target"].update(name="cuda-sm90", kind="cuda",
+                                                                                    arch="sm_90"))
     import tvm
 
     if tvm.cuda(0).exist:
         pytest.skip("this machine has a GPU")
-    r = run_cli(capsys, "bench", tmp_path / "gpu.tvmpkg")
+    r = run_cli(capsys, "bench", gpu)
     assert r.code == 2 and "no CUDA GPU" in r.err
 
 
