@@ -184,12 +184,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     runner = load(args.package)
     inputs = _load_npz(args.inputs) if args.inputs else runner.random_inputs()
-    result: dict = {"package": args.package, "target": runner.manifest["target"]["name"], "cuda_graph": args.cuda_graph}
+    result: dict = {"package": args.package, "target": runner.manifest["target"]["name"],
+                    "cuda_graph": args.cuda_graph}
     graph = runner.capture(inputs) if args.cuda_graph else None
-    timing = graph.time(args.repeat, args.warmup) if graph else runner.time(inputs, repeat=args.repeat, warmup=args.warmup)
-    result.update(timing.summary())
-    lines = [f"{'tvmpipe (graph)' if graph else 'tvmpipe':<17}mean {result['mean_ms']:.4f} ms  median {result['median_ms']:.4f} ms  "
-             f"p90 {result['p90_ms']:.4f} ms  p99 {result['p99_ms']:.4f} ms  ({args.repeat} runs)"]
+    timer = graph.time if graph else lambda **kw: runner.time(inputs, **kw)
+    result.update(timer(repeat=args.repeat, warmup=args.warmup).summary())
+    lines = [f"{'tvmpipe (graph)' if graph else 'tvmpipe':<17}mean {result['mean_ms']:.4f} ms  "
+             f"median {result['median_ms']:.4f} ms  p90 {result['p90_ms']:.4f} ms  p99 {result['p99_ms']:.4f} ms  "
+             f"({args.repeat} runs)"]
     if args.compare_onnx:
         from .compare import OrtSession, errors
 
