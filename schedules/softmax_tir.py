@@ -139,33 +139,6 @@ _COPY16_SRC = ("__forceinline__ __device__ void tvmpipe_copy16(void* dst, const 
                "{ *(uint4*)dst = *(const uint4*)src; }")
 
 
-# L2 eviction priorities of a streamed row whose pass 2 re-reads steps from L2: those steps loaded evict-last, every
-# other access (the steps kept on chip, the re-reads themselves, the output) evict-first, so that pass 1's other reads
-# and pass 2's writes do not push the re-read steps out of L2 first (PTX createpolicy / .L2::cache_hint; st.cs).
-_L2_SRC = r"""
-#ifndef TVMPIPE_L2_HINTS
-#define TVMPIPE_L2_HINTS
-__forceinline__ __device__ unsigned long long tvmpipe_l2_policy(int keep) {
-  unsigned long long p;
-  if (keep) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__forceinline__ __device__ void tvmpipe_ld16(void* dst, const void* src, int keep) {
-  uint4 v;
-  asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src), "l"(tvmpipe_l2_policy(keep)));
-  *(uint4*)dst = v;
-}
-__forceinline__ __device__ void tvmpipe_cp16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
-               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "l"(tvmpipe_l2_policy(0)) : "memory");
-}
-__forceinline__ __device__ void tvmpipe_st16(void* dst, const void* src) { __stcs((uint4*)dst, *(const uint4*)src); }
-#endif
-"""
-
-
 # Whether a predicate holds in every lane of the warp (a call: TVM has no warp vote; one name, one source for all
 # kernels of a module).
 _ALL_SRC = "__forceinline__ __device__ int tvmpipe_all(int p) { return __all_sync(0xFFFFFFFFu, p); }"
@@ -277,7 +250,6 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     keep_exp = resident and kind == "softmax"
     kept16 = kept_exp and not resident and kind == "softmax" and tvm.DataType(dtype).bits == 16  # (docstring)
     C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
-    hinted = C < steps - 1  # pass 2 re-reads steps C .. steps - 2 from L2: accesses with L2 priorities (``_L2_SRC``)
     keep_shape = (C, U, L, V) if C else (1,)
     name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
     split_src = _split_src(name, rows * P) if P > 1 else ""
@@ -323,27 +295,17 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         return T.Cast(dtype, ex(value, stat[0]) * stat[1])
 
     @T.macro
-    def move(xv, flat, r, it, tx, load, keep=False):
+    def move(xv, flat, r, it, tx, load):
         """Step ``it``'s vectors between the flat tensor and xv: ``load``: xv <- x, elements that are not this row's
-        -inf (and not read); else y <- xv, the row's elements only. ``hinted``: whole vectors with L2 priorities,
-        loads kept in L2 (evict-last) where ``keep`` (pass 2 re-reads the step)."""
+        -inf (and not read); else y <- xv, the row's elements only."""
         for u in T.unroll(U):
             if live(it, u):
                 if whole(r, it, u, tx):
-                    if hinted:
+                    for v in T.vectorized(V):
                         if load:
-                            T.evaluate(T.cuda.func_call("tvmpipe_ld16", xv.ptr_to([u, 0]),
-                                                        flat.ptr_to([start(r, it, u, tx)]), T.Cast("int32", keep),
-                                                        source_code=_L2_SRC))
+                            xv[u, v] = flat[start(r, it, u, tx) + v]
                         else:
-                            T.evaluate(T.cuda.func_call("tvmpipe_st16", flat.ptr_to([start(r, it, u, tx)]),
-                                                        xv.ptr_to([u, 0]), source_code=_L2_SRC))
-                    else:
-                        for v in T.vectorized(V):
-                            if load:
-                                xv[u, v] = flat[start(r, it, u, tx) + v]
-                            else:
-                                flat[start(r, it, u, tx) + v] = xv[u, v]
+                            flat[start(r, it, u, tx) + v] = xv[u, v]
                 else:
                     for v in T.unroll(V):
                         if load:
@@ -431,19 +393,15 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 for u in T.unroll(U):
                     if live(it, u):
                         if whole(r, it, u, tx):
-                            if hinted:  # (not re-read from L2: evict-first)
-                                T.evaluate(T.cuda.func_call("tvmpipe_cp16", keep.ptr_to([i, u, tx, 0]),
-                                                            xf.ptr_to([start(r, it, u, tx)]), source_code=_L2_SRC))
-                            else:
-                                T.ptx["cp.async.cg.shared.global"](
-                                    keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
+                            T.ptx["cp.async.cg.shared.global"](
+                                keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
                         else:  # a row end: its own elements, -inf for the neighbours'
                             for v in T.unroll(V):
                                 keep[i, u, tx, v] = T.if_then_else(
                                     mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], _neg_inf(dtype))
                 T.ptx.cp.async_.commit_group()
         if C < steps:
-            move(xv, xf, r, c * steps + C, tx, True, C < steps - 1)
+            move(xv, xf, r, c * steps + C, tx, True)
         if C > 0:
             for i in T.unroll(C):
                 it = T.meta_var(c * steps + i)
@@ -462,7 +420,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         for i in T.serial(C, steps - 1 if kept16 else steps):  # (kept16: the last step apart, below)
             it = T.meta_var(c * steps + i)
             if i + 1 < steps:  # the next step's loads, in flight while this one is reduced
-                move(xs, xf, r, it + 1, tx, True, i + 1 < steps - 1)
+                move(xs, xf, r, it + 1, tx, True)
             absorb(xv, ev, st, it, False)
             if i + 1 < steps:
                 prefetched(xv, xs)

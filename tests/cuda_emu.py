@@ -464,12 +464,6 @@ def _helpers(preamble: str) -> str:
                         f"if ({pre}_slots[2 * b + 1] != {pre}_tag(e, x)) return 0; float ms[2]; "
                         f"std::memcpy(ms, &{pre}_slots[2 * b], 8); *m = ms[0]; *s = ms[1]; return 1; }}",
             }[fn])
-        elif name in ("tvmpipe_ld16", "tvmpipe_st16"):  # 16-byte accesses with L2 priorities: copies here
-            defs.append(f"static inline void {name}({params}) {{ std::memcpy(dst, src, 16); }}")
-        elif name == "tvmpipe_cp16":  # (cp.async with an L2 priority)
-            defs.append(f"static inline void {name}({params}) {{ emu_cp_async(__cvta_generic_to_shared(dst), src, 16, 16); }}")
-        elif name == "tvmpipe_l2_policy":  # (no L2 here)
-            defs.append(f"static inline unsigned long long {name}({params}) {{ return 0; }}")
         elif name.startswith("tvm_builtin_ptx_mbarrier_init"):
             defs.append(f"static inline void {name}({params}) {{ emu_mbarrier_init(__addr, __count); }}")
         elif name.startswith("tvm_builtin_ptx_mbarrier_arrive"):  # (expect_tx: the bytes, before they land)
