@@ -174,9 +174,10 @@ def cp_async_wgmma_config(head_dim: int) -> TileConfig:
 
 
 # K/V bytes the heads of one LPT section may share in L2. FlashAttention-3 takes 32 MB for the H100's 50 MB; Nsight
-# Compute on the H100 (attention-ncu-h100-80gb-hbm3.json) had our causal kernels read 1.4-1.8x the minimum from DRAM
+# Compute on the H100 (rerun/attention-h100-previous-rule/) had our causal kernels read 1.4-1.8x the minimum from DRAM
 # with it (a head's K/V evicted between its query tiles by the section's Q, O and other K/V), and 8 MB ran faster:
-# H100, two runs (rerun/attention-h100-lpt-sections/): causal seq 2048 d128 +5 %, d64 +6 %.
+# H100, two runs (rerun/attention-h100-lpt-sections/): causal seq 2048 d128 +5 %, d64 +6 %. With it they read the minimum
+# (attention-ncu-h100-80gb-hbm3.json, attention-ncu-h200.json).
 L2_KV_BYTES = 8 << 20
 
 
@@ -246,7 +247,8 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
 
 
 def choose(spec, wgmma: bool = False) -> TileConfig:
-    """The tile configuration for ``spec``, from the tile sweep on the H200 (benchmarks/results/attention-h200.json).
+    """The tile configuration for ``spec``, from the tile sweeps on the H200 (the last whole one:
+    benchmarks/results/rerun/attention-h200-previous-rule/attention-h200.json).
 
     wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count), or a causal mask
     and at least 2048 rows (head dims 64 and 128, with TMA: 512), causal launched in L2 sections (``lpt_section``),
