@@ -60,9 +60,9 @@ VARIANTS = [
     (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3}),
     (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3}),
     # float32 rows no block holds on chip: one 1024-thread block per row, streamed (the rule's before the cluster
-    # split); the cluster split in 2 x 256 KB chunks of 1024 threads; float16 split too
+    # split); the cluster split in 4 x 128 KB chunks of 512 threads (the rule's before 2 of 1024); float16 split too
     (128, 131072, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3}),
-    (128, 131072, "float32", {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 2, "cached": 3,
+    (128, 131072, "float32", {"lanes": 512, "vec": 4, "per_thread": 4, "cache": "l2", "chunks": 4, "cached": 3,
                               "kept_exp": False, "cluster": True}),
     (128, 131072, "float16", {"lanes": 512, "vec": 8, "per_thread": 4, "cache": "l2", "chunks": 4, "cached": 1,
                               "kept_exp": False, "cluster": True}),

@@ -24,9 +24,9 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
   (16 KB chunks, rows x chunks <= SMs so that all are resident) of the same kernel: each caches its chunk,
   publishes its (max, sum), takes its row's others and normalises its chunk from chip (one read of the input, one
   write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice);
-- on sm_90+, rows that no block holds on chip (float32 over ~290 KB): the same split, each row's blocks one
-  thread-block cluster (``cluster``), which the GPU makes resident together, so any number of rows (H100: 128 x
-  131072 float32 1.08x the streamed block per row).
+- on sm_90+, rows that no block holds on chip (float32 over ~290 KB): the same split, each row's 1024-thread blocks
+  one thread-block cluster (``cluster``), which the GPU makes resident together, so any number of rows (H100: 128 x
+  131072 float32 1.08-1.10x the streamed block per row).
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
@@ -65,12 +65,15 @@ _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vector
 # two blocks share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
 _STREAM_CACHE_BYTES = 110 << 10
 # Rows that no block holds on chip (float32 over ~290 KB) on sm_90+: a cluster split, each row over a thread-block
-# cluster of 512-thread blocks that each hold their chunk on chip (one read of the input; the cluster makes a row's
+# cluster of 1024-thread blocks that each hold their chunk on chip (one read of the input; the cluster makes a row's
 # blocks resident together, so the launch may take several waves). H100, same run (rerun/softmax-cluster/): float32
-# 128 x 131072 in 4 chunks 1.08x the streamed block per row (0.83 -> 0.90 of copy), 2 chunks of 1024 threads level
-# with 4, the exchange in distributed shared memory (tried, commit 762e0c7) level or slower. At most 8 blocks (the
-# portable cluster size).
-_CLUSTER_MAX = 8
+# 128 x 131072 in 4 chunks of 512 threads 1.08x the streamed block per row (0.83 -> 0.90 of copy), the exchange in
+# distributed shared memory (tried, commit 762e0c7) level or slower. 2 chunks of 1024 threads against those 4, same
+# runs: H100 0.99x, 1.01x, 1.01x, 1.02x (rerun/softmax-cluster/, rerun/softmax-h100-cluster-4x512/,
+# rerun/softmax-h100-run2/, rejected/l2-hints-one-kernel/benchmark-h100-80gb-hbm3.log), then as the rule 0.99x / 1.01x
+# the 4 as a variant / the previous build (softmax-h100-80gb-hbm3.json); H200 1.04x (softmax-variants-h200.json). At
+# most 4 blocks, 4 SMs a cluster as the 8 blocks of 512 threads took before: the same rows split.
+_CLUSTER_MAX = 4
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
 # arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no
 # longer fits in L2: +10 %); on the Intel Xeon (emeraldrapids), whose own prefetchers keep up with longer rows, up to
@@ -170,13 +173,10 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
 
 
 def _cluster_chunks(touched: int) -> int:
-    """Chunks of a cluster split for a row of ``touched`` 16-byte vectors: 1 where a 1024-thread block holds the row on
-    chip; else the fewest (a power of two, at most ``_CLUSTER_MAX``) whose 512-thread blocks each hold one on chip,
-    or 1 where none do."""
-    if touched <= _on_chip_vectors(2 * _STREAM_LANES):
-        return 1
-    sizes = (1 << k for k in range(1, _CLUSTER_MAX.bit_length()))
-    return next((c for c in sizes if _ceil(touched, c) <= _on_chip_vectors(_STREAM_LANES)), 1)
+    """Chunks of a cluster split for a row of ``touched`` 16-byte vectors: the fewest (a power of two, at most
+    ``_CLUSTER_MAX``) whose 1024-thread blocks each hold one on chip (1: one block holds the row), or 1 where none do."""
+    sizes = (1 << k for k in range(_CLUSTER_MAX.bit_length()))
+    return next((c for c in sizes if _ceil(touched, c) <= _on_chip_vectors(2 * _STREAM_LANES)), 1)
 
 
 def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = None) -> CudaPlan:

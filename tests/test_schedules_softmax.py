@@ -220,15 +220,16 @@ def test_cuda_stream_plan_choice():
                               (8, 128256, "float32")):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")  # as many blocks as SMs (all resident), 16-byte vectors
         assert 132 - rows < plan.chunks * rows <= 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, plan)
-    # rows no block holds on chip (float32 over 290 KB) on sm_90: clusters of 512-thread blocks holding a chunk each,
-    # up to 8 (4 MB rows: none fits, they stream); not before sm_90
-    for rows, cols, chunks in ((128, 131072, 4), (257, 131073, 4), (66, 262144, 8), (4096, 80000, 4)):
+    # rows no block holds on chip (float32 over 290 KB) on sm_90: clusters of 1024-thread blocks holding a chunk each,
+    # up to 4 (2 MB rows: none fits, they stream); not before sm_90
+    for rows, cols, chunks in ((128, 131072, 2), (257, 131073, 2), (66, 262144, 4), (4096, 80000, 2)):
         plan = S.cuda_plan(rows, cols, "float32", "sm_90")
-        assert (plan.chunks, plan.cluster, plan.lanes) == (chunks, True, 512), (rows, cols, plan)
-        assert plan.cached * plan.lanes * plan.per_thread * 16 <= 110 << 10, plan
+        assert (plan.chunks, plan.cluster, plan.lanes) == (chunks, True, 1024), (rows, cols, plan)
+        assert plan.cached * plan.lanes * plan.per_thread * 16 <= 220 << 10, plan
         # a chunk's vectors within the cache and one step in registers
-        assert -(-softmax_tir.stream_vectors(cols, 4) // chunks) <= (110 << 10) // 16 + plan.lanes * plan.per_thread
+        assert -(-softmax_tir.stream_vectors(cols, 4) // chunks) <= (220 << 10) // 16 + plan.lanes * plan.per_thread
         assert not S.cuda_plan(rows, cols, "float32", "sm_80").cluster
+    assert not S.cuda_plan(128, 524288, "float32", "sm_90").cluster
     # a few rows of a vocabulary: 16 KB chunks, fewer than the SMs; rows of up to 64 KB are not split
     for rows, cols, dtype, chunks in ((1, 50257, "float32", 13), (5, 50257, "float16", 7), (1, 128256, "float16", 16),
                                       (1, 16384, "float32", 1), (1, 32768, "float16", 1), (1, 16385, "float32", 5)):
