@@ -26,7 +26,7 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
   write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice);
 - on sm_90+, rows that no block holds on chip (float32 over ~290 KB): the same split, each row's 1024-thread blocks
   one thread-block cluster (``cluster``), which the GPU makes resident together, so any number of rows (H100: 128 x
-  131072 float32 1.08-1.10x the streamed block per row).
+  131072 float32 1.08x the streamed block per row, H200 1.03x).
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
