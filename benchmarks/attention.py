@@ -485,7 +485,8 @@ def plot(records: list[dict], path: Path, device: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """The command line (see the module docstring); experiment scripts call it with their own ``Case.variants``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true", help="compile the kernels (here, with the TVM compiler)")
     ap.add_argument("--run", action="store_true", help="check and time them (GPU machine, TVM runtime + torch)")
@@ -500,7 +501,7 @@ if __name__ == "__main__":
     ap.add_argument("--rule-only", action="store_true", help="--build: the rule's kernels, no other tile configurations")
     ap.add_argument("--baseline", type=Path, nargs="+", default=[],
                     help="--run: also time the rule's kernels of these other --build folders (A/B of a change)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     names = a.cases.split(",") if a.cases else [c.name for c in CASES]
     unknown = set(names) - {c.name for c in CASES}
     if unknown:
@@ -514,3 +515,19 @@ if __name__ == "__main__":
         run(a.out, cases, a.rounds, a.dir, a.baseline)
     if a.cpu:
         cpu(a.out, a.rounds, a.cpu_baseline)
+
+
+def experiment(script: str, names: tuple[str, ...], variants) -> None:
+    """An experiment script's command line: ``main`` on the cases ``names``, their variants ``variants(chosen, spec)``
+    (tile configurations, from the rule's ``chosen``) instead of ``Case.variants``, built into build/gpu/<the script's
+    folder>, results beside the script, 9 rounds."""
+    from schedules.attention_cuda import choose
+
+    Case.variants = lambda case, spec: variants(choose(spec, wgmma=True), spec)
+    folder = Path(script).resolve().parent
+    main(["--cases", ",".join(names), "--dir", str(REPO / "build" / "gpu" / folder.name), "--out", str(folder),
+          "--rounds", "9", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,6 @@ variants (the rule's kernel beside them, and torch's backends).
     python3 benchmarks/results/rejected/attention-d128-s512-tiles/tiles.py --run --out DIR    # GPU machine
 """
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,29 +18,15 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import attention as A  # noqa: E402
 
-BUILD = REPO / "build" / "gpu" / "attention-d128-s512"
-CASES = [c for c in A.CASES if c.name in ("bench_d128_s512_full", "bench_d128_s512_causal")]
+NAMES = ("bench_d128_s512_full", "bench_d128_s512_causal")
 
 
-def variants(self, spec) -> list:
+def variants(chosen, spec) -> list:
     """The rule's configuration with 64-key tiles (3 or 4 stages, 1 or 2 Q buffers, carried or not) or 96-key tiles."""
-    from schedules.attention_cuda import choose
-
-    chosen = choose(spec, wgmma=True)
     return [replace(chosen, bn=64, stages=4, q_bufs=2, carry=True), replace(chosen, bn=64, stages=3, q_bufs=2, carry=True),
             replace(chosen, bn=64, stages=4, q_bufs=2), replace(chosen, bn=64, stages=4),
             replace(chosen, bn=96, stages=3, q_bufs=2, carry=True), replace(chosen, bn=96, stages=3)]
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", action="store_true")
-    ap.add_argument("--run", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
-    ap.add_argument("--rounds", type=int, default=9)
-    args = ap.parse_args()
-    A.Case.variants = variants
-    if args.build:
-        A.build(CASES, BUILD / A.LIB.name)
-    if args.run:
-        A.run(args.out, CASES, args.rounds, BUILD)
+    A.experiment(__file__, NAMES, variants)
