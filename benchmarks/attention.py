@@ -521,9 +521,12 @@ def experiment(script: str, names: tuple[str, ...], variants) -> None:
     """An experiment script's command line: ``main`` on the cases ``names``, their variants ``variants(chosen, spec)``
     (tile configurations, from the rule's ``chosen``) instead of ``Case.variants``, built into build/gpu/<the script's
     folder>, results beside the script, 9 rounds."""
-    from schedules.attention_cuda import choose
+    def case_variants(case: Case, spec) -> list:
+        from schedules.attention_cuda import choose  # (at build time: the GPU machine's runtime-only TVM lacks it)
 
-    Case.variants = lambda case, spec: variants(choose(spec, wgmma=True), spec)
+        return variants(choose(spec, wgmma=True), spec)
+
+    Case.variants = case_variants
     folder = Path(script).resolve().parent
     main(["--cases", ",".join(names), "--dir", str(REPO / "build" / "gpu" / folder.name), "--out", str(folder),
           "--rounds", "9", *sys.argv[1:]])

@@ -4,8 +4,8 @@ first Q·Kᵀ carried (``persistent_launch``'s causal branch), in L2 sections of
 of the rule's 8 MB. The benchmark's own variants had only the 3-warpgroup persistent kernel there (H200: 0.94x).
 Built and timed by ``benchmarks/attention.py``'s ``build`` / ``run`` on the two causal seq-2048 cases.
 
-    python3 benchmarks/results/rerun/attention-causal2048-persistent/tiles.py --build            # here
-    python3 benchmarks/results/rerun/attention-causal2048-persistent/tiles.py --run --out DIR    # GPU machine
+    python3 benchmarks/results/rejected/attention-causal2048-persistent/tiles.py --build            # here
+    python3 benchmarks/results/rejected/attention-causal2048-persistent/tiles.py --run --out DIR    # GPU machine
 """
 
 import sys
