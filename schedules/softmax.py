@@ -71,7 +71,8 @@ _STREAM_CACHE_BYTES = 110 << 10
 # distributed shared memory (tried, commit 762e0c7) level or slower. 2 chunks of 1024 threads against those 4, same
 # runs: H100 0.99x, 1.01x, 1.01x, 1.02x (rerun/softmax-cluster/, rerun/softmax-h100-cluster-4x512/,
 # rerun/softmax-h100-run2/, rejected/l2-hints-one-kernel/benchmark-h100-80gb-hbm3.log), then as the rule 0.99x / 1.01x
-# the 4 as a variant / the previous build (softmax-h100-80gb-hbm3.json); H200 1.04x (softmax-variants-h200.json). At
+# the 4 as a variant / the previous build (softmax-h100-80gb-hbm3.json); H200 1.04x
+# (rerun/softmax-h200-cluster-4x512/softmax-variants-h200.json), then as the rule 1.05x (softmax-variants-h200.json). At
 # most 4 blocks, 4 SMs a cluster as the 8 blocks of 512 threads took before: the same rows split.
 _CLUSTER_MAX = 4
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
