@@ -55,7 +55,8 @@ Hopper variant (``wgmma``, sm_90a; the rule's choice for long sequences, see ``c
   the two computing warpgroups take turns issuing their GEMMs (named barriers). Persistent (``persistent``): one
   CTA per SM loops over the (query tile, head, batch) items; the K/V ring runs on across items, so the producer
   loads the next item's first tiles (and Q, once the computing warps release its buffer, or into a second buffer)
-  while this item's last tiles and epilogue run, and the epilogue stores O from the registers; optionally
+  while this item's last tiles and epilogue run, and the epilogue stores O from the registers, or (``tma_store``)
+  through shared memory with ``stmatrix`` and one TMA tensor store per warpgroup; optionally
   (``carry``) the next item's first Q·Kᵀ is issued right behind the last P·V and runs under the epilogue;
 * without TMA, causal (``group_diag``): each warpgroup stops at its own rows' diagonal; the per-tile barrier is
   then a named barrier over the warpgroups still at that tile (and those that stopped at it), and the last
@@ -146,6 +147,10 @@ class TileConfig:
     # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor
     # cores run it under the epilogue and the change of item instead of after them
     carry: bool = False
+    # persistent, peeled: the epilogue writes O / row sum with ``stmatrix`` into the item's last K/V stage (free once
+    # every computing warp's last P·V has read it) and one thread per warpgroup stores it with TMA, instead of each
+    # thread storing 4 bytes at a time from its registers (``store_o``)
+    tma_store: bool = False
 
     @property
     def name(self) -> str:
@@ -154,7 +159,7 @@ class TileConfig:
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
-                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}")
+                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'o' if self.tma_store else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -225,7 +230,10 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     to +11 % (0.84 -> 0.90-0.93 of cuDNN); without ping-pong -2-3 %; with one Q buffer (d128: two do not fit beside 3
     stages) -4 to -17 % at seq 512 (the next item's Q, loaded only once this item's last S is in, is then waited for
     before the epilogue instead of under it; but d128 with 2 stages and 2 Q buffers lost 6-11 % carried too); d64
-    without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. The grid is the target's SM count
+    without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. Below 4096 rows O is stored through
+    shared memory with TMA (``TileConfig.tma_store``; rerun/attention-tma-store/, H200, 15 rounds, median of the
+    per-round ratios against the stores from registers): seq 512 d64 +9 % (causal +6 %), d128 +2 % (causal +4 %),
+    seq 2048 d64 level, d128 +2 %; at 8192 d64 -8 % (every round), d128 level. The grid is the target's SM count
     (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave). Causal: the L2 sections
     hold at most a quarter of the grid's items, so that a head's query tiles run within one round of the CTAs and
     each CTA's items (static round robin, ``ctas`` apart) cycle through the heavy and light ones; H100, two runs
@@ -238,6 +246,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     d64, cfg = spec.head_dim <= 64, replace(cfg, persistent=sm_count())
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
+    cfg = replace(cfg, tma_store=True)
     if causal:  # sections of at most a quarter of the grid's items (see below)
         pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))  # (128-row query tiles: 2 warpgroups)
         heads = min(cfg.lpt_heads or pairs * spec.group, (1 << pairs.bit_length() - 1) * spec.group)
@@ -315,9 +324,15 @@ def mma_body(spec, cfg: TileConfig):
     PS = PC > 0
     PEEL = WS and cfg.peel  # (see TileConfig.peel)
     CARRY = PS and PEEL and cfg.carry  # (see TileConfig.carry)
+    TS = PS and PEEL and cfg.tma_store  # (see TileConfig.tma_store)
     Q_OFF, K_OFF = 0, QB * BM * RS  # in one shared buffer (elements): Q buffers, K stages, V stages
     V_OFF = K_OFF + stages * BN * RS
     SMEM = max(V_OFF + stages * BN * RS, BM * DP)  # the epilogue stages O in padded rows (not persistent)
+    # ``TS``: O staged in a buffer of its own after the V stages where the SM has room for it (OWN), else in the K tile
+    # of the item's last K/V stage
+    O_OFF = V_OFF + stages * BN * RS
+    OWN = TS and (O_OFF + BM * D + 4 * (2 * stages + 2 * QB)) * 2 <= 227 * 1024
+    SMEM = O_OFF + BM * D if OWN else SMEM
     # TMA's mbarriers after the tiles: full[stages] (tile in), empty[stages] (tile consumed), Q full[QB], Q empty[QB]
     FULL, EMPTY, Q_FULL, Q_EMPTY = 0, stages, 2 * stages, 2 * stages + QB
     SMEM_ALLOC = SMEM + 4 * (2 * stages + 2 * QB) * WS
@@ -350,6 +365,7 @@ def mma_body(spec, cfg: TileConfig):
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
+    assert not cfg.tma_store or (TS and (OWN or BM <= BN)), "O stored with TMA: persistent, peeled, O fits a buffer"
     assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -698,7 +714,8 @@ def mma_body(spec, cfg: TileConfig):
             T.ptx["wgmma.wait_group.sync.aligned"](1 if CARRY else 0)  # (groups retire in order: P·V is done)
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
-            release_stage(cur[0])
+            if not TS or OWN:  # (else once O, staged in it, is stored)
+                release_stage(cur[0])
 
         @T.inline
         def release_stage(s):  # TMA: this warp is done with K/V stage s
@@ -905,8 +922,53 @@ def mma_body(spec, cfg: TileConfig):
         @T.inline
         def store_o():
             """Persistent (wgmma): O / rowsum from the accumulators straight to memory, 2 elements a store (shared
-            memory may already hold the next item's tiles)."""
+            memory may already hold the next item's tiles), or ``TS`` through the item's last K/V stage."""
             row_sums()
+            if TS:
+                store_o_tma()
+            else:
+                store_o_direct()
+
+        @T.inline
+        def store_o_tma():
+            """O / rowsum staged in shared memory in the 128-byte swizzle (``at``, 64 rows: warpgroup w's rows), 4 8x8
+            matrices a ``stmatrix``, then stored by one thread per warpgroup with TMA (rows past the sequence clipped by
+            the tensor map). In a buffer of its own (``OWN``), once the warpgroup's previous store has read it; else in
+            the K tile of the item's last K/V stage, once every computing warp's last S is in (their release of Q, whose
+            phase has mostly completed by then: no warpgroup waits for another's P·V), the stage going back to the
+            producer once TMA has read it."""
+            wg = T.meta_var(warp // 4)
+            s = T.meta_var(ring(kv0 + n_kv - 1, stages)[0])
+            base = T.meta_var((O_OFF if OWN else K_OFF + s * (BN * RS)) + wg * (64 * D))
+            if OWN:
+                if tx % 128 == 0:
+                    T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
+                T.ptx["bar.sync"](T.Cast("uint32", 5 + wg), T.uint32(128))
+            else:
+                bar_wait(Q_EMPTY + ring(qi, QB)[0], ring(qi, QB)[1])
+            for dd in T.unroll(ND // 2):  # matrix i = lane / 8: rows + i % 2 * 8, columns of n-tile 2 dd + i / 2
+                row = T.meta_var(warp % 4 * 16 + lane % 8 + lane // 8 % 2 * 8)
+                col = T.meta_var((dd * 2 + lane // 16) * 8)
+                T.evaluate(T.cuda.func_call(
+                    f"tvmpipe_stmatrix_{wab}", sbase[0] + T.Cast("uint32", at(base, row, col, 64) * 2),
+                    *[oacc[(dd * 2 + i // 2) * 4 + i % 2 * 2 + e] * lsum[i % 2] for i in range(4) for e in range(2)],
+                    source_code=STORE_SRC[wab]))
+            T.ptx["fence.proxy.async.shared::cta"]()  # (generic-proxy writes, read by TMA)
+            T.ptx["bar.sync"](T.Cast("uint32", 5 + wg), T.uint32(128))
+            if tx % 128 == 0:
+                for cb in T.unroll(D // 64):
+                    T.evaluate(T.cuda.func_call(
+                        "tvmpipe_tma_store", T.reinterpret(T.handle().ty, T.address_of(maps[3])),
+                        sbase[0] + T.Cast("uint32", (base + cb * (64 * 64)) * 2),
+                        *[T.Cast("int32", c) for c in (cb * 64, h, q0 + wg * 64, b)], source_code=STORE_SRC["tma"]))
+                T.evaluate(T.cuda.func_call("tvmpipe_tma_store_commit", source_code=STORE_SRC["tma_commit"]))
+                if not OWN:
+                    T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
+            if not OWN:
+                release_stage(s)
+
+        @T.inline
+        def store_o_direct():
             for d in T.unroll(ND):
                 for r in T.unroll(2):
                     row = T.meta_var(q0 + warp * WM + g + r * 8)
@@ -974,7 +1036,7 @@ def mma_body(spec, cfg: TileConfig):
                     T.ptx["setmaxnreg.inc.sync.aligned.u32"](EVEN_REGS)
             else:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
-                if PS:  # each item ends in its own epilogue, from the registers; the producer loads on meanwhile
+                if PS:  # each item ends in its own epilogue (``store_o``); the producer loads on meanwhile
                     first_turn()
                     if CARRY:  # the first item's first S (each next one's is issued by the item before)
                         first_s(0, 0, cta_items(bx0) > 0)
@@ -989,6 +1051,9 @@ def mma_body(spec, cfg: TileConfig):
                     if CARRY:  # the dropped S after the last item
                         T.ptx["wgmma.wait_group.sync.aligned"](0)
                         pin(sacc, NS * 4, "float")
+                    if OWN:  # (the shared memory the last stores read stays until they have)
+                        if tx % 128 == 0:
+                            T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
                     last_turn()
                 else:
                     compute()
@@ -1056,7 +1121,12 @@ def mma_body(spec, cfg: TileConfig):
         T.tensormap_encode_tiled(tq, q.data, *tensor_map(q, H, BM), descriptor_dtype=dtype, rank=4, swizzle=3)
         T.tensormap_encode_tiled(tk, k.data, *tensor_map(k, H // G, BN), descriptor_dtype=dtype, rank=4, swizzle=3)
         T.tensormap_encode_tiled(tv, v.data, *tensor_map(v, H // G, BN), descriptor_dtype=dtype, rank=4, swizzle=3)
-        grid(q, k, v, bias, out, (tq, tk, tv))
+        if TS:  # (O's stores: boxes of one warpgroup's 64 rows)
+            to: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            T.tensormap_encode_tiled(to, out.data, *tensor_map(out, H, 64), descriptor_dtype=dtype, rank=4, swizzle=3)
+            grid(q, k, v, bias, out, (tq, tk, tv, to))
+        else:
+            grid(q, k, v, bias, out, (tq, tk, tv))
 
     @T.macro
     def body(q, k, v, bias, out):
@@ -1064,6 +1134,24 @@ def mma_body(spec, cfg: TileConfig):
 
     return body_tma if WS else body
 
+
+# The TMA epilogue's helpers (``TileConfig.tma_store``): four 8x8 matrices of an mma accumulator's float pairs, rounded
+# to f16 / bf16, into shared memory (stmatrix: lanes 8i..8i+7 give matrix i's row addresses); a tensor box from shared
+# memory to global (the map's swizzle), and the wait until TMA has read it.
+_STMATRIX = (
+    "__forceinline__ __device__ void tvmpipe_stmatrix_{t}(unsigned a, float x0, float x1, float x2, float x3, float x4, "
+    "float x5, float x6, float x7) {{ {v} r[4] = {{{f}(x0, x1), {f}(x2, x3), {f}(x4, x5), {f}(x6, x7)}}; "
+    'asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {{%1, %2, %3, %4}};" :: "r"(a), '
+    '"r"(*(unsigned*)&r[0]), "r"(*(unsigned*)&r[1]), "r"(*(unsigned*)&r[2]), "r"(*(unsigned*)&r[3]) : "memory"); }}')
+STORE_SRC = {
+    "f16": _STMATRIX.format(t="f16", v="__half2", f="__floats2half2_rn"),
+    "bf16": _STMATRIX.format(t="bf16", v="__nv_bfloat162", f="__floats2bfloat162_rn"),
+    "tma": "__forceinline__ __device__ void tvmpipe_tma_store(const void* map, unsigned src, int c0, int c1, int c2, "
+           'int c3) { asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], '
+           '[%1];" :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory"); }',
+    "tma_commit": '__forceinline__ __device__ void tvmpipe_tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }',
+    "tma_wait": '__forceinline__ __device__ void tvmpipe_tma_store_wait() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }',
+}
 
 SIMT_THREADS = 128
 SIMT_CTAS_PER_SM = 2  # (the H200)

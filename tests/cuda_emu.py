@@ -315,6 +315,39 @@ static void emu_tma_load(unsigned dst, const void* tmap, const int* coords, unsi
   }
   emu_mbarrier(mbar).update(0, -n * esize);
 }
+// cp.async.bulk.tensor store (TMA, shared -> global), completed at issue: the box at coords from shared memory in the
+// map's swizzle, elements outside the tensor dropped
+static void emu_tma_store(const void* tmap, unsigned src, const int* coords) {
+  const CUtensorMap& t = *(const CUtensorMap*)tmap;
+  long long n = 1, esize = t.stride[0];
+  for (int d = 0; d < t.rank; ++d) n *= t.box[d];
+  for (long long i = 0; i < n; ++i) {
+    long long rest = i, dst = 0;
+    bool inside = true;
+    for (int d = 0; d < t.rank; ++d) {
+      long long c = coords[d] + rest % t.box[d];
+      rest /= t.box[d];
+      inside = inside && c >= 0 && c < t.dim[d];
+      dst += c * t.stride[d];
+    }
+    unsigned addr = src + (unsigned)(i * esize);
+    if (t.swizzle == 3) addr ^= (addr >> 7 & 7) << 4;
+    else if (t.swizzle != 0) std::abort();
+    if (inside) std::memcpy((char*)t.base + dst, emu_smem + addr, esize);
+  }
+}
+// stmatrix.m8n8.x4.b16: threads 8i..8i+7 give the row addresses of matrix i; lane l holds matrix i's elements
+// (l/4, 2(l%4)..+1), here as floats x[2i], x[2i+1], rounded to E
+template <typename E> static void emu_stmatrix4(unsigned addr, const float* x) {
+  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  emu_slots[t][0] = addr;
+  warp_sync();
+  for (int i = 0; i < 4; ++i) {
+    E e[2] = {E(x[2 * i]), E(x[2 * i + 1])};
+    std::memcpy(emu_smem + emu_slots[w0 + 8 * i + lane / 4][0] + 4 * (lane % 4), e, 4);
+  }
+  warp_sync();
+}
 """
 
 _HARNESS = r"""
@@ -477,6 +510,13 @@ def _helpers(preamble: str) -> str:
         elif m := re.fullmatch(r"tvm_builtin_ptx_setmaxnreg_(inc|dec)_sync_aligned_u32_(\d+)", name):
             defs.append(f"static inline void {name}() {{ emu_setmaxnreg({m.group(2)}, {str(m.group(1) == 'inc').lower()}); }}")
         elif name.startswith("tvm_builtin_ptx_fence_mbarrier_init"):  # (the emulated mbarriers are mutex-guarded)
+            defs.append(f"static inline void {name}() {{}}")
+        elif m := re.fullmatch(r"tvmpipe_stmatrix_(b?f16)", name):
+            defs.append(f"static inline void {name}({params}) {{ float x_[] = {{x0, x1, x2, x3, x4, x5, x6, x7}}; "
+                        f"emu_stmatrix4<{_ELEM_TYPES[m.group(1)]}>(a, x_); }}")
+        elif name == "tvmpipe_tma_store":
+            defs.append(f"static inline void {name}({params}) {{ int c_[] = {{c0, c1, c2, c3}}; emu_tma_store(map, src, c_); }}")
+        elif name in ("tvmpipe_tma_store_commit", "tvmpipe_tma_store_wait"):  # (the stores complete at issue)
             defs.append(f"static inline void {name}() {{}}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
             defs.append(f"static inline void {name}({params}) {{}}")

@@ -296,6 +296,18 @@ TILE_CONFIGS = {
     "wgmma-tma-persistent-unpeeled": (dict(warps=8, m_tiles=1, bn=128, stages=2, wgmma=True, tma=True, persistent=3,
                                            peel=False),
                                       (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
+    # ... O stored with TMA (``tma_store``): d128 staged in the item's last K/V stage, ragged query tiles clipped,
+    # grouped heads; d64 in a buffer of its own: 3 warpgroups, and causal, carried, 2 Q buffers in ping-pong
+    "wgmma-tma-persistent-tma-store": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, persistent=3,
+                                            tma_store=True),
+                                       (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
+    "wgmma-tma-persistent-tma-store-3-groups": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
+                                                     persistent=2, q_bufs=2, tma_store=True),
+                                                (1, 250, 390, 3, 1, 64, "bfloat16", None, None)),
+    "wgmma-tma-persistent-tma-store-carry-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
+                                                           persistent=4, q_bufs=2, pingpong=True, lpt_heads=2,
+                                                           carry=True, tma_store=True),
+                                                      (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -637,8 +649,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
     d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
     ping-pong for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in ping-pong from 2048
-    to 4096 rows, d64 with 2 Q buffers below 2048), others on the cp.async kernel (4 warpgroups for d32, 3 for d96,
-    64-key tiles); else mma.sync."""
+    to 4096 rows, d64 with 2 Q buffers below 2048; O stored with TMA below 4096 rows), others on the cp.async kernel
+    (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -659,6 +671,7 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, 3, False, True), (seq, d, causal, cfg)
         assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong, cfg.carry) == want, (seq, d, causal, cfg)
+        assert cfg.tma_store == (cfg.persistent > 0 and seq < 4096), (seq, d, causal, cfg)
     from schedules.common import planning_for
 
     with planning_for(114):  # a target file's SM count (an H100 PCIe) sizes the persistent grid
