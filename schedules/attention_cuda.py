@@ -215,8 +215,8 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) without a causal
-    mask, causal below 2048 rows (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q buffers and the
-    next item's first S carried, ``TileConfig.carry``). Without a mask, d128 in ping-pong from 2048 to 4096 rows, d64
+    mask, causal below 2048 rows, d128 below 4096 (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q
+    buffers and the next item's first S carried, ``TileConfig.carry``). Without a mask, d128 in ping-pong from 2048 to 4096 rows, d64
     with 2 Q buffers below 2048 (3 warpgroups: no ping-pong).
 
     H200, with the peeled last key tile (``TileConfig.peel``), two runs of one build (2026-12-01 19:2x, 5 rounds, and
@@ -233,17 +233,20 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. Below 4096 rows O is stored through
     shared memory with TMA (``TileConfig.tma_store``; rerun/attention-tma-store/, H200, 15 rounds, median of the
     per-round ratios against the stores from registers): seq 512 d64 +9 % (causal +6 %), d128 +2 % (causal +4 %),
-    seq 2048 d64 level, d128 +2 %; at 8192 d64 -8 % (every round), d128 level. The grid is the target's SM count
+    seq 2048 d64 level, d128 +2 %; at 8192 d64 -8 % (every round), d128 level. With it, causal d128 at seq 2048 runs
+    persistent too (rerun/attention-causal-persistent-tma/, H100, two runs, per-round ratios against the rule's one CTA
+    per query tile: +3.5 %, +3.6 %; in 8 MB sections 0.77x; d64 level, so unchanged; at 8192 both 0.71-0.96x; without
+    the TMA store it had lost, rejected/attention-causal2048-persistent/). The grid is the target's SM count
     (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave). Causal: the L2 sections
     hold at most a quarter of the grid's items, so that a head's query tiles run within one round of the CTAs and
     each CTA's items (static round robin, ``ctas`` apart) cycle through the heavy and light ones; H100, two runs
     (rerun/attention-h100-lpt-sections/), d128 at seq 512: sections of 8 pairs (32 items) +14 % over 128 pairs (the
     32 MB sections before), 16 pairs +9 %, 32 pairs (128 items: each CTA kept the same weight of item from section to
     section) -13 %."""
-    causal = spec.causal != "none"
-    if not cfg.tma or (causal and at_least(spec.seq_q, 2048)):
+    causal, d64 = spec.causal != "none", spec.head_dim <= 64
+    if not cfg.tma or (causal and at_least(spec.seq_q, 2048 if d64 else 4096)):
         return cfg
-    d64, cfg = spec.head_dim <= 64, replace(cfg, persistent=sm_count())
+    cfg = replace(cfg, persistent=sm_count())
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
     cfg = replace(cfg, tma_store=True)
@@ -261,7 +264,7 @@ def choose(spec, wgmma: bool = False) -> TileConfig:
 
     wgmma (sm_90a) where it won: no causal mask and at least 512 query rows (or a symbolic count), or a causal mask
     and at least 2048 rows (head dims 64 and 128, with TMA: 512), causal launched in L2 sections (``lpt_section``),
-    the TMA kernel persistent, causal below 2048 rows (``persistent_launch``).
+    the TMA kernel persistent, causal below 2048 rows, d128 4096 (``persistent_launch``).
     - Head dims of 64 and 128 (``wgmma_config``): the TMA kernel, computing warpgroups of 128-key tiles in 3
       stages. H200, same run (2026-12-01 09:33), against the cp.async kernel below: d128 +16-19 % at seq 8192,
       +11-14 % at 2048, +3-6 % at 512; d64 +12-33 % at 8192, +6-20 % at 2048, -3 % at 512 without a mask (an earlier

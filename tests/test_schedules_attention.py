@@ -647,7 +647,7 @@ def test_cuda_tma_kernel_symbolic_lengths(causal):
 def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
-    d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows: there 2 computing warpgroups, in
+    d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows (d128: 4096): there 2 computing warpgroups, in
     ping-pong for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in ping-pong from 2048
     to 4096 rows, d64 with 2 Q buffers below 2048; O stored with TMA below 4096 rows), others on the cp.async kernel
     (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
@@ -665,7 +665,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
                 (2048, 64, "none"): (12, 132, 1, False, False), (2048, 128, "none"): (8, 132, 1, True, False),
                 (4096, 128, "none"): (8, 132, 1, False, False), (8192, 128, "none"): (8, 132, 1, False, False),
                 (8192, 64, "none"): (12, 132, 1, False, False), (512, 64, "TopLeft"): (8, 132, 2, True, True),
-                (512, 128, "TopLeft"): (8, 132, 1, False, False), (2048, 128, "TopLeft"): (8, 0, 1, True, False),
+                (512, 128, "TopLeft"): (8, 132, 1, False, False), (2048, 128, "TopLeft"): (8, 132, 1, False, False),
+                (4096, 128, "TopLeft"): (8, 0, 1, True, False),
                 (2048, 64, "TopLeft"): (12, 0, 1, False, False), (8192, 64, "TopLeft"): (12, 0, 1, False, False)}
     for (seq, d, causal), want in expected.items():
         cfg = choose(spec(seq, d, causal), wgmma=True)
@@ -682,9 +683,10 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         cfg = choose(spec(seq, d, causal), wgmma=True)
         assert (cfg.wgmma, cfg.tma, cfg.warps, cfg.bn) == (True, False, 16 if d <= 64 else 12, 64), (seq, d, causal, cfg)
     # sections: pairs whose K/V (seq x 2d x 2 bytes each) fit 8 MB, rounded down to a power of two, x query heads per K/V
-    # head; the persistent kernel (causal below 2048 rows): at most a quarter of its 132 CTAs' items (128-row tiles)
+    # head; the persistent kernel (causal below 2048 rows, d128 4096): at most a quarter of its 132 CTAs' items (128-row
+    # tiles)
     sections = {(8192, 64, 16): 4, (2048, 64, 16): 16, (8192, 128, 16): 2, (6000, 128, 4): 4 * 2, (70000, 128, 16): 1,
-                (512, 128, 16): 8, (1024, 64, 16): 4, (512, 128, 4): 4 * 8}
+                (512, 128, 16): 8, (1024, 64, 16): 4, (512, 128, 4): 4 * 8, (2048, 128, 16): 2}
     for (seq, d, kv_heads), pairs in sections.items():
         cfg = choose(spec(seq, d, "TopLeft", kv_heads), wgmma=True)
         assert cfg.wgmma and cfg.lpt_heads == pairs, (seq, d, kv_heads, cfg)
