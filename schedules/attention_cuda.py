@@ -233,7 +233,9 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     without a mask (3 warpgroups) -6 to -9 % at seq 512, -2 to +3 % longer. Below 4096 rows O is stored through
     shared memory with TMA (``TileConfig.tma_store``; rerun/attention-tma-store/, H200, 15 rounds, median of the
     per-round ratios against the stores from registers): seq 512 d64 +9 % (causal +6 %), d128 +2 % (causal +4 %),
-    seq 2048 d64 level, d128 +2 %; at 8192 d64 -8 % (every round), d128 level. With it, causal d128 at seq 2048 runs
+    seq 2048 d64 level, d128 +2 %; at 8192 d64 -8 % (every round), d128 level; then in the benchmark on the H100,
+    against the previous rule, twice: d128 seq 512 +13 % / +15 % (causal +19 % both times), d64 +4 % / +9 % (causal
+    +9 % both), d128 seq 2048 +2 %, d64 seq 2048 -0.5 % / -0.8 % (not taken from 2048 rows for d64). With it, causal d128 at seq 2048 runs
     persistent too (rerun/attention-causal-persistent-tma/, H100, two runs, per-round ratios against the rule's one CTA
     per query tile: +3.5 %, +3.6 %; in 8 MB sections 0.77x; d64 level, so unchanged; at 8192 both 0.71-0.96x; without
     the TMA store it had lost, rejected/attention-causal2048-persistent/). The grid is the target's SM count
@@ -249,7 +251,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     cfg = replace(cfg, persistent=sm_count())
     if at_least(spec.seq_q, 4096):
         return replace(cfg, pingpong=False)
-    cfg = replace(cfg, tma_store=True)
+    cfg = replace(cfg, tma_store=not (d64 and at_least(spec.seq_q, 2048)))
     if causal:  # sections of at most a quarter of the grid's items (see below)
         pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))  # (128-row query tiles: 2 warpgroups)
         heads = min(cfg.lpt_heads or pairs * spec.group, (1 << pairs.bit_length() - 1) * spec.group)

@@ -1,4 +1,4 @@
-"""Probe (issue #5, 2026-12-06 08:3x, H100): what the persistent kernel's epilogue costs. The rule's kernel against
+"""Probe (issue #5, 2026-12-06 08:2x, H100): what the persistent kernel's epilogue costs. The rule's kernel against
 itself storing O only where 1 / row sum < 0 (never: the computation stays, the stores go). Needs a temporary edit of
 schedules/attention_cuda.py, not committed: a field ``store: bool = True`` in ``TileConfig`` (name suffix ``X`` when
 False) and, in ``store_o``, ``if row < sq and (cfg.store or lsum[r] < T.float32(0)):``. A first build with the stores
