@@ -215,7 +215,7 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) without a causal
-    mask, causal below 2048 rows, d128 below 4096 (there 2 computing warpgroups, in ping-pong for head_dim 64 with 2 Q
+    mask, causal below 2048 rows, d128 below 4096 (there 2 computing warpgroups in ping-pong, for head_dim 64 with 2 Q
     buffers and the next item's first S carried, ``TileConfig.carry``). Without a mask, d128 in ping-pong from 2048 to 4096 rows, d64
     with 2 Q buffers below 2048 (3 warpgroups: no ping-pong).
 
@@ -238,7 +238,9 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     +9 % both), d128 seq 2048 +2 %, d64 seq 2048 -0.5 % / -0.8 % (not taken from 2048 rows for d64). With it, causal d128 at seq 2048 runs
     persistent too (rerun/attention-causal-persistent-tma/, H100, two runs, per-round ratios against the rule's one CTA
     per query tile: +3.5 %, +3.6 %; in 8 MB sections 0.77x; d64 level, so unchanged; at 8192 both 0.71-0.96x; without
-    the TMA store it had lost, rejected/attention-causal2048-persistent/). The grid is the target's SM count
+    the TMA store it had lost, rejected/attention-causal2048-persistent/), and causal d128 in ping-pong since
+    (rerun/attention-d128-tma-store-forms/, H100, two runs: seq 512 1.009x / 1.008x, 2048 1.041x / 1.021x; 2 stages,
+    freeing room for O and a second Q, lost 15-26 %). The grid is the target's SM count
     (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave). Causal: the L2 sections
     hold at most a quarter of the grid's items, so that a head's query tiles run within one round of the CTAs and
     each CTA's items (static round robin, ``ctas`` apart) cycle through the heavy and light ones; H100, two runs
@@ -255,7 +257,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     if causal:  # sections of at most a quarter of the grid's items (see below)
         pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))  # (128-row query tiles: 2 warpgroups)
         heads = min(cfg.lpt_heads or pairs * spec.group, (1 << pairs.bit_length() - 1) * spec.group)
-        return replace(cfg, warps=8, pingpong=d64, q_bufs=2 if d64 else 1, carry=d64, lpt_heads=heads)
+        return replace(cfg, warps=8, pingpong=True, q_bufs=2 if d64 else 1, carry=d64, lpt_heads=heads)
     long = at_least(spec.seq_q, 2048)
     return replace(cfg, q_bufs=2 if d64 and not long else 1, pingpong=cfg.warps == 8 and long)
 
