@@ -369,9 +369,7 @@ def mma_body(spec, cfg: TileConfig):
     assert not WG or stages == 3 or WS, "wgmma pipeline: a ring of 3 K/V stages (see tile_wgmma)"
     assert not (WG and cfg.pingpong) or (WS and NW == 2), "wgmma ping-pong: 2 computing warpgroups and a producer"
     assert not SW or (K_OFF * 2 % 1024, BN * RS * 2 % 1024) == (0, 0), "swizzled tiles start 1024-byte aligned"
-    assert not WS or (SW and stages >= 2), "TMA: swizzled wgmma tiles"
-    assert not (per_group and (cfg.pingpong or cfg.carry)), "per-warpgroup diagonals: no turns to take (a stopped group " \
-        "takes none), no S carried (a stopped group would wait for the next item's tiles before releasing its last)"
+    assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
     assert not cfg.tma_store or (TS and (OWN or BM <= BN)), "O stored with TMA: persistent, peeled, O fits a buffer"
@@ -509,7 +507,6 @@ def mma_body(spec, cfg: TileConfig):
         q0 = T.meta_var(tile_start(bx))
         hk = T.meta_var(h // G)
         n_kv = T.meta_var(kv_tiles(q0))
-        mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)  # key tiles this warp computes
         if WG:
             sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
         if not WS:
@@ -687,7 +684,7 @@ def mma_body(spec, cfg: TileConfig):
             T.ptx["wgmma.wait_group.sync.aligned"](1)  # groups retire in order: S is in, P·V may run on
             pin(sacc, NS * 4, "float")
             if PEEL and PS:
-                if j + 2 == mine:  # the item's last S is in: Q's buffer may take the next item's
+                if j + 2 == n_kv:  # the item's last S is in: Q's buffer may take the next item's
                     release_q()
             if j + 1 < n_kv:
                 scores(j + 1, n_plain)
@@ -896,23 +893,18 @@ def mma_body(spec, cfg: TileConfig):
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
                 pin(sacc, NS * 4, "float")
                 if PEEL and PS:
-                    if mine == 1:
+                    if n_kv == 1:
                         release_q()
                 softmax(0, True)
                 to_p()
                 n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
+                mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)
                 for j in T.serial(mine - PEEL):
                     tile_wgmma(j, n_plain)
                 if PEEL:
                     last_tile(mine - 1)
                 if per_group:
-                    if WS:  # the tiles past its diagonal: released as they come in (each such arrival then counts
-                        # toward its own fill's phase, as the producer has refilled the stage)
-                        for j in T.serial(mine, n_kv):
-                            skipped = T.meta_var(ring(kv0 + j, stages))
-                            bar_wait(FULL + skipped[0], skipped[1])
-                            release_stage(skipped[0])
-                    elif mine < n_kv:  # its copies are in, and its last P·V has read its stage
+                    if mine < n_kv:  # its copies are in, and its last P·V has read its stage
                         arrived(0, mine)
             elif has_bias:  # every score takes its bias: one loop
                 for j in T.serial(n_kv):
