@@ -147,9 +147,9 @@ class TileConfig:
     # persistent, peeled: the next item's first Q·Kᵀ issued right behind this item's last P·V, so that the tensor
     # cores run it under the epilogue and the change of item instead of after them
     carry: bool = False
-    # persistent, peeled: the epilogue writes O / row sum with ``stmatrix`` into the item's last K/V stage (free once
-    # every computing warp's last P·V has read it) and one thread per warpgroup stores it with TMA, instead of each
-    # thread storing 4 bytes at a time from its registers (``store_o``)
+    # persistent, peeled: the epilogue writes O / row sum with ``stmatrix`` into shared memory (a buffer of its own where
+    # the SM has room, else the K tile of the item's last stage) and one thread per warpgroup stores it with TMA, instead
+    # of each thread storing 4 bytes at a time from its registers (``store_o``)
     tma_store: bool = False
 
     @property
@@ -216,8 +216,9 @@ def causal_launch(cfg: TileConfig, spec) -> TileConfig:
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     """TMA ``cfg`` as a persistent kernel (one CTA per SM of the H200, each looping over work items) without a causal
     mask, causal below 2048 rows, d128 below 4096 (there 2 computing warpgroups in ping-pong, for head_dim 64 with 2 Q
-    buffers and the next item's first S carried, ``TileConfig.carry``). Without a mask, d128 in ping-pong from 2048 to 4096 rows, d64
-    with 2 Q buffers below 2048 (3 warpgroups: no ping-pong).
+    buffers and the next item's first S carried, ``TileConfig.carry``). Without a mask, d128 in ping-pong from 2048 to
+    4096 rows, d64 with 2 Q buffers below 2048 (3 warpgroups: no ping-pong). O stored with TMA below 4096 rows (d64:
+    2048).
 
     H200, with the peeled last key tile (``TileConfig.peel``), two runs of one build (2026-12-01 19:2x, 5 rounds, and
     19:4x, 11 rounds, random order; same-run ratios): at seq 8192 persistence +6-9 % (d64) and +5 % (d128) over one CTA
@@ -235,8 +236,8 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     per-round ratios against the stores from registers): seq 512 d64 +9 % (causal +6 %), d128 +2 % (causal +4 %),
     seq 2048 d64 level, d128 +2 %; at 8192 d64 -8 % (every round), d128 level; then in the benchmark on the H100,
     against the previous rule, twice: d128 seq 512 +13 % / +15 % (causal +19 % both times), d64 +4 % / +9 % (causal
-    +9 % both), d128 seq 2048 +2 %, d64 seq 2048 -0.5 % / -0.8 % (not taken from 2048 rows for d64). With it, causal d128 at seq 2048 runs
-    persistent too (rerun/attention-causal-persistent-tma/, H100, two runs, per-round ratios against the rule's one CTA
+    +9 % both), d128 seq 2048 +2 %, d64 seq 2048 -0.5 % / -0.8 % (not taken from 2048 rows for d64). With it, causal
+    d128 at seq 2048 runs persistent too (rerun/attention-causal-persistent-tma/, H100, two runs, per-round ratios against the rule's one CTA
     per query tile: +3.5 %, +3.6 %; in 8 MB sections 0.77x; d64 level, so unchanged; at 8192 both 0.71-0.96x; without
     the TMA store it had lost, rejected/attention-causal2048-persistent/), and causal d128 in ping-pong since
     (rerun/attention-d128-tma-store-forms/, H100, two runs: seq 512 1.009x / 1.008x, 2048 1.041x / 1.021x; 2 stages,
@@ -1156,8 +1157,10 @@ STORE_SRC = {
     "tma": "__forceinline__ __device__ void tvmpipe_tma_store(const void* map, unsigned src, int c0, int c1, int c2, "
            'int c3) { asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], '
            '[%1];" :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory"); }',
-    "tma_commit": '__forceinline__ __device__ void tvmpipe_tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }',
-    "tma_wait": '__forceinline__ __device__ void tvmpipe_tma_store_wait() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }',
+    "tma_commit": "__forceinline__ __device__ void tvmpipe_tma_store_commit() "
+                  '{ asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }',
+    "tma_wait": "__forceinline__ __device__ void tvmpipe_tma_store_wait() "
+                '{ asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }',
 }
 
 SIMT_THREADS = 128

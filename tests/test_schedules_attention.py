@@ -647,10 +647,10 @@ def test_cuda_tma_kernel_symbolic_lengths(causal):
 def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
-    d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows (d128: 4096): there 2 computing warpgroups in
-    ping-pong, for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in ping-pong from 2048
-    to 4096 rows, d64 with 2 Q buffers below 2048; O stored with TMA below 4096 rows, d64 2048), others on the cp.async kernel
-    (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
+    d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows (d128: 4096): there 2 computing
+    warpgroups in ping-pong, for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in
+    ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers below 2048; O stored with TMA below 4096 rows, d64 2048),
+    others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
