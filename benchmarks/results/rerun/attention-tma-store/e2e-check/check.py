@@ -1,4 +1,4 @@
-"""Check (issue #5, 2026-12-06 10:2x, H100): whole encoder blocks whose attention takes the persistent wgmma kernel with
+"""Check (issue #5, 2026-12-06 10:1x, H100): whole encoder blocks whose attention takes the persistent wgmma kernel with
 the TMA store (fp16, 4 heads of 128, seq 512 and 2048, causal at 512), compiled by the pipeline and checked against
 onnxruntime (float32 twin) with attention_e2e's models and tolerance; its own shapes (seq 128 / 256) take mma.sync.
 
