@@ -726,6 +726,10 @@ def mma_body(spec, cfg: TileConfig):
                 release_stage(cur[0])
 
         @T.inline
+        def tma_store_wait():  # ``TS``: this thread's TMA stores have read their shared memory
+            T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
+
+        @T.inline
         def release_stage(s):  # TMA: this warp is done with K/V stage s
             if lane == 0:
                 T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + s))
@@ -950,7 +954,7 @@ def mma_body(spec, cfg: TileConfig):
             base = T.meta_var((O_OFF if OWN else K_OFF + s * (BN * RS)) + wg * (64 * D))
             if OWN:
                 if tx % 128 == 0:
-                    T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
+                    tma_store_wait()
                 T.ptx["bar.sync"](T.Cast("uint32", 5 + wg), T.uint32(128))
             else:
                 bar_wait(Q_EMPTY + ring(qi, QB)[0], ring(qi, QB)[1])
@@ -971,7 +975,7 @@ def mma_body(spec, cfg: TileConfig):
                         *[T.Cast("int32", c) for c in (cb * 64, h, q0 + wg * 64, b)], source_code=STORE_SRC["tma"]))
                 T.evaluate(T.cuda.func_call("tvmpipe_tma_store_commit", source_code=STORE_SRC["tma_commit"]))
                 if not OWN:
-                    T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
+                    tma_store_wait()
             if not OWN:
                 release_stage(s)
 
@@ -1061,7 +1065,7 @@ def mma_body(spec, cfg: TileConfig):
                         pin(sacc, NS * 4, "float")
                     if OWN:  # (the shared memory the last stores read stays until they have)
                         if tx % 128 == 0:
-                            T.evaluate(T.cuda.func_call("tvmpipe_tma_store_wait", source_code=STORE_SRC["tma_wait"]))
+                            tma_store_wait()
                     last_turn()
                 else:
                     compute()

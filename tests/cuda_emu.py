@@ -292,49 +292,35 @@ static void emu_setmaxnreg(long n, bool inc) {
 // The tensor map a kernel receives: filled by the harness from the host's tensormap_encode_tiled (dims and box
 // innermost first, byte strides with stride[0] the element size; swizzle 3 = 128 bytes).
 struct CUtensorMap { long long base, rank, swizzle, dim[5], stride[5], box[5]; };
-// cp.async.bulk.tensor (TMA) load, completed at issue: the box at coords, zero outside the tensor, into shared
-// memory in the map's swizzle (128 bytes: 16-byte chunk ^ address bits 7-9), then the bytes on the mbarrier
-static void emu_tma_load(unsigned dst, const void* tmap, const int* coords, unsigned mbar) {
+// cp.async.bulk.tensor (TMA), completed at issue: the box at coords between global memory and shared memory in the
+// map's swizzle (128 bytes: 16-byte chunk ^ address bits 7-9); a load zero-fills the box outside the tensor, a store
+// drops those elements. Returns the box's bytes.
+static long long emu_tma_copy(unsigned smem, const void* tmap, const int* coords, bool store) {
   const CUtensorMap& t = *(const CUtensorMap*)tmap;
   long long n = 1, esize = t.stride[0];
   for (int d = 0; d < t.rank; ++d) n *= t.box[d];
   for (long long i = 0; i < n; ++i) {
-    long long rest = i, src = 0;
+    long long rest = i, off = 0;
     bool inside = true;
     for (int d = 0; d < t.rank; ++d) {
       long long c = coords[d] + rest % t.box[d];
       rest /= t.box[d];
       inside = inside && c >= 0 && c < t.dim[d];
-      src += c * t.stride[d];
+      off += c * t.stride[d];
     }
-    unsigned addr = dst + (unsigned)(i * esize);
+    unsigned addr = smem + (unsigned)(i * esize);
     if (t.swizzle == 3) addr ^= (addr >> 7 & 7) << 4;
     else if (t.swizzle != 0) std::abort();  // 32- and 64-byte swizzles are not emulated
-    if (inside) std::memcpy(emu_smem + addr, (const char*)t.base + src, esize);
+    char* global = (char*)t.base + off;
+    if (store) { if (inside) std::memcpy(global, emu_smem + addr, esize); }
+    else if (inside) std::memcpy(emu_smem + addr, global, esize);
     else std::memset(emu_smem + addr, 0, esize);
   }
-  emu_mbarrier(mbar).update(0, -n * esize);
+  return n * esize;
 }
-// cp.async.bulk.tensor store (TMA, shared -> global), completed at issue: the box at coords from shared memory in the
-// map's swizzle, elements outside the tensor dropped
-static void emu_tma_store(const void* tmap, unsigned src, const int* coords) {
-  const CUtensorMap& t = *(const CUtensorMap*)tmap;
-  long long n = 1, esize = t.stride[0];
-  for (int d = 0; d < t.rank; ++d) n *= t.box[d];
-  for (long long i = 0; i < n; ++i) {
-    long long rest = i, dst = 0;
-    bool inside = true;
-    for (int d = 0; d < t.rank; ++d) {
-      long long c = coords[d] + rest % t.box[d];
-      rest /= t.box[d];
-      inside = inside && c >= 0 && c < t.dim[d];
-      dst += c * t.stride[d];
-    }
-    unsigned addr = src + (unsigned)(i * esize);
-    if (t.swizzle == 3) addr ^= (addr >> 7 & 7) << 4;
-    else if (t.swizzle != 0) std::abort();
-    if (inside) std::memcpy((char*)t.base + dst, emu_smem + addr, esize);
-  }
+// the load then completes its bytes on the mbarrier
+static void emu_tma_load(unsigned dst, const void* tmap, const int* coords, unsigned mbar) {
+  emu_mbarrier(mbar).update(0, -emu_tma_copy(dst, tmap, coords, false));
 }
 // stmatrix.m8n8.x4.b16: threads 8i..8i+7 give the row addresses of matrix i; lane l holds matrix i's elements
 // (l/4, 2(l%4)..+1), here as floats x[2i], x[2i+1], rounded to E
@@ -515,7 +501,7 @@ def _helpers(preamble: str) -> str:
             defs.append(f"static inline void {name}({params}) {{ float x_[] = {{x0, x1, x2, x3, x4, x5, x6, x7}}; "
                         f"emu_stmatrix4<{_ELEM_TYPES[m.group(1)]}>(a, x_); }}")
         elif name == "tvmpipe_tma_store":
-            defs.append(f"static inline void {name}({params}) {{ int c_[] = {{c0, c1, c2, c3}}; emu_tma_store(map, src, c_); }}")
+            defs.append(f"static inline void {name}({params}) {{ int c_[] = {{c0, c1, c2, c3}}; emu_tma_copy(src, map, c_, true); }}")
         elif name in ("tvmpipe_tma_store_commit", "tvmpipe_tma_store_wait"):  # (the stores complete at issue)
             defs.append(f"static inline void {name}() {{}}")
         elif name.startswith("tvmpipe_pin_"):  # a compiler barrier: nothing to do when run in order
