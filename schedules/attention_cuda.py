@@ -151,6 +151,11 @@ class TileConfig:
     # the SM has room, else the K tile of the item's last stage) and one thread per warpgroup stores it with TMA, instead
     # of each thread storing 4 bytes at a time from its registers (``store_o``)
     tma_store: bool = False
+    # causal TMA: the query tiles end at the sequence's end, so that a ragged tile (rows not a multiple of the tile's)
+    # is the first, whose rows see the fewest keys, instead of the last, which sees them all (its rows before the
+    # sequence are zero-filled by TMA and never stored). d64's 192-row tiles at seq 2048: 96 key tiles computed
+    # instead of 101
+    end_aligned: bool = False
 
     @property
     def name(self) -> str:
@@ -159,7 +164,8 @@ class TileConfig:
                 f"{f'l{self.lpt_heads}' if self.lpt_heads else ''}{'g' if self.wgmma else ''}{'' if self.ftz_exp else 'e'}"
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
-                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'o' if self.tma_store else ''}")
+                f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'o' if self.tma_store else ''}"
+                f"{'r' if self.end_aligned else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -184,6 +190,7 @@ def cp_async_wgmma_config(head_dim: int) -> TileConfig:
 # H100, two runs (rerun/attention-h100-lpt-sections/): causal seq 2048 d128 +5 %, d64 +6 %. With it they read the minimum
 # (attention-ncu-h100-80gb-hbm3.json, attention-ncu-h200.json).
 L2_KV_BYTES = 8 << 20
+SMEM_BYTES = 227 * 1024  # shared memory one CTA may take on sm_90
 
 
 def lpt_section(spec) -> int:
@@ -208,9 +215,12 @@ def at_least(n, rows: int) -> bool:
 
 
 def causal_launch(cfg: TileConfig, spec) -> TileConfig:
-    """wgmma ``cfg`` under a causal mask: launched in L2 sections (``lpt_section``); without TMA, each warpgroup up to
-    its own diagonal up to 4096 rows (``group_diag``, see ``choose``)."""
-    return replace(cfg, lpt_heads=lpt_section(spec), group_diag=not cfg.tma and not at_least(spec.seq_q, 4097))
+    """wgmma ``cfg`` under a causal mask: launched in L2 sections (``lpt_section``); with TMA, the query tiles aligned
+    to the sequence's end (``end_aligned``; H100, two runs, rerun/attention-end-aligned/: d64 at seq 2048 +3.1 % and
+    +3.5 %, 8192 +1.6 % and +1.1 %); without TMA, each warpgroup up to its own diagonal up to 4096 rows (``group_diag``,
+    see ``choose``)."""
+    return replace(cfg, lpt_heads=lpt_section(spec), group_diag=not cfg.tma and not at_least(spec.seq_q, 4097),
+                   end_aligned=cfg.tma)
 
 
 def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
@@ -339,7 +349,7 @@ def mma_body(spec, cfg: TileConfig):
     # ``TS``: O staged in a buffer of its own after the V stages where the SM has room for it (OWN), else in the K tile
     # of the item's last K/V stage
     O_OFF = V_OFF + stages * BN * RS
-    OWN = TS and (O_OFF + BM * D + 4 * (2 * stages + 2 * QB)) * 2 <= 227 * 1024
+    OWN = TS and (O_OFF + BM * D + 4 * (2 * stages + 2 * QB)) * 2 <= SMEM_BYTES
     SMEM = O_OFF + BM * D if OWN else SMEM
     # TMA's mbarriers after the tiles: full[stages] (tile in), empty[stages] (tile consumed), Q full[QB], Q empty[QB]
     FULL, EMPTY, Q_FULL, Q_EMPTY = 0, stages, 2 * stages, 2 * stages + QB
@@ -354,6 +364,8 @@ def mma_body(spec, cfg: TileConfig):
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
+    # (see TileConfig.end_aligned; a length that is a multiple of the tile gives the same tiles either way)
+    ALIGN = causal and cfg.end_aligned and not (isinstance(sq, int) and sq % BM == 0)
     items = nq * H * batch  # work items: (query tile, head, batch)
     ctas = min(PC, items) if isinstance(items, int) else PC  # persistent grid
     idx = "int32" if isinstance(items, int) else str(items.ty.dtype)
@@ -374,7 +386,8 @@ def mma_body(spec, cfg: TileConfig):
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
     assert not cfg.tma_store or (TS and (OWN or BM <= BN)), "O stored with TMA: persistent, peeled, O fits a buffer"
-    assert SMEM_ALLOC * 2 <= 227 * 1024, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
+    assert not cfg.end_aligned or WS, "query tiles aligned to the end: TMA (cp.async takes no rows before the sequence)"
+    assert SMEM_ALLOC * 2 <= SMEM_BYTES, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
         """Element offset of row ``r``, column ``col`` (a multiple of 8 for wgmma) of the ``rows``-row tile at ``base``.
@@ -394,8 +407,13 @@ def mma_body(spec, cfg: TileConfig):
             return base + col // 64 * (rows * 64) + r * 64 + (col % 64 // 8 ^ r % 8) * 8 + col % 8
         return base + (r // 8 * CPR + col // 8) * 64 + r % 8 * 8 + col % 8 if WG else base + r * DP + col
 
-    def tile_start(bx):  # causal: the heaviest query tiles first
+    def tile_start(bx):  # causal: the heaviest query tiles first (``ALIGN``: the last ends at the sequence's end)
+        if ALIGN:
+            return sq - (bx + 1) * BM
         return (nq - 1 - bx) * BM if causal else bx * BM
+
+    def in_seq(row):  # a query row of the sequence (``ALIGN``: the first tile starts before it)
+        return T.And(row >= 0, row < sq) if ALIGN else row < sq
 
     def kv_limit(q0):  # keys past this are masked for every row of the tile
         return T.min(skv, T.min(q0 + BM, sq) + offset) if causal else skv
@@ -769,7 +787,8 @@ def mma_body(spec, cfg: TileConfig):
                             i = T.meta_var((mt * NS + n) * 4 + c)
                             if has_bias:
                                 sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i] * T.float32(spec.scale)
-                                                          + spec.bias_at(bias, b, h, row, key), neg_inf)
+                                                          + spec.bias_at(bias, b, h, T.max(row, 0) if ALIGN else row,
+                                                                         key), neg_inf)
                             else:
                                 sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i], neg_inf)
             if not (fold or has_bias):
@@ -936,7 +955,15 @@ def mma_body(spec, cfg: TileConfig):
             """Persistent (wgmma): O / rowsum from the accumulators straight to memory, 2 elements a store (shared
             memory may already hold the next item's tiles), or ``TS`` through the item's last K/V stage."""
             row_sums()
-            if TS:
+            if TS and ALIGN:  # a warpgroup whose rows start before the sequence stores from registers: a TMA store
+                # at a negative row is an illegal instruction (H100; loads take them, zero-filled)
+                if q0 + warp // 4 * 64 >= 0:
+                    store_o_tma()
+                else:
+                    store_o_direct()
+                    if not OWN:
+                        release_stage(ring(kv0 + n_kv - 1, stages)[0])
+            elif TS:
                 store_o_tma()
             else:
                 store_o_direct()
@@ -984,7 +1011,7 @@ def mma_body(spec, cfg: TileConfig):
             for d in T.unroll(ND):
                 for r in T.unroll(2):
                     row = T.meta_var(q0 + warp * WM + g + r * 8)
-                    if row < sq:
+                    if in_seq(row):
                         for e in T.vectorized(2):
                             out[b, row, h, d * 8 + t4 * 2 + e] = T.Cast(dtype, oacc[d * 4 + r * 2 + e] * lsum[r])
 
@@ -1017,7 +1044,7 @@ def mma_body(spec, cfg: TileConfig):
                 cid = T.meta_var(it * NT + tx)
                 r = T.meta_var(cid // CPR)
                 col = T.meta_var(cid % CPR * 8)
-                if q0 + r < sq and ((it + 1) * NT <= BM * CPR or cid < BM * CPR):
+                if in_seq(q0 + r) and ((it + 1) * NT <= BM * CPR or cid < BM * CPR):
                     for e in T.vectorized(8):
                         out[b, q0 + r, h, col + e] = smem[Q_OFF + r * DP + col + e]
 

@@ -294,9 +294,13 @@ static void emu_setmaxnreg(long n, bool inc) {
 struct CUtensorMap { long long base, rank, swizzle, dim[5], stride[5], box[5]; };
 // cp.async.bulk.tensor (TMA), completed at issue: the box at coords between global memory and shared memory in the
 // map's swizzle (128 bytes: 16-byte chunk ^ address bits 7-9); a load zero-fills the box outside the tensor, a store
-// drops those elements. Returns the box's bytes.
+// drops those elements, but one at a negative coordinate is an illegal instruction (H100, 2026-12-06: loads take
+// them), recorded in ``emu_illegal`` and skipped. Returns the box's bytes.
+extern "C" { const char* emu_illegal = nullptr; }
 static long long emu_tma_copy(unsigned smem, const void* tmap, const int* coords, bool store) {
   const CUtensorMap& t = *(const CUtensorMap*)tmap;
+  for (int d = 0; store && d < t.rank; ++d)
+    if (coords[d] < 0) { emu_illegal = "TMA store at a negative coordinate"; return 0; }
   long long n = 1, esize = t.stride[0];
   for (int d = 0; d < t.rank; ++d) n *= t.box[d];
   for (long long i = 0; i < n; ++i) {
@@ -615,3 +619,5 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
             launch.join(timeout)
             if launch.is_alive():
                 raise TimeoutError(f"emulated kernel still running after {timeout} s: deadlocked barriers?")
+            illegal = ctypes.c_char_p.in_dll(lib, "emu_illegal").value
+            assert illegal is None, f"{name}: illegal instruction: {illegal.decode()}"

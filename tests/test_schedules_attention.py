@@ -213,12 +213,14 @@ CUDA_CASES = {
 
 def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """The wgmma kernel the rule picks for long sequences (TMA for head dims 64 and 128, persistent: here with a CTA
-    per item, as these few items fill no H200), for a canonical attention function."""
+    per item, as these few items fill no H200; causal: in L2 sections, the query tiles aligned to the sequence's end),
+    for a canonical attention function."""
     from schedules.attention import AttentionSpec
-    from schedules.attention_cuda import flash_mma, persistent_launch, wgmma_config
+    from schedules.attention_cuda import causal_launch, flash_mma, persistent_launch, wgmma_config
 
     spec = AttentionSpec.of(canonical)
-    return flash_mma(spec, persistent_launch(wgmma_config(spec.head_dim, spec.causal != "none"), spec))
+    cfg = wgmma_config(spec.head_dim, spec.causal != "none")
+    return flash_mma(spec, persistent_launch(causal_launch(cfg, spec) if spec.causal != "none" else cfg, spec))
 
 
 # "rule": the scheduled kernel (mma.sync for these short sequences, or SIMT); "wgmma": the Hopper kernel on the
@@ -269,6 +271,12 @@ TILE_CONFIGS = {
     # ... 3 computing warpgroups of 128-key tiles for d64 (the rule's without a mask), a ragged query tile of 192 rows
     "wgmma-tma-3-groups-d64": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True),
                                (1, 250, 390, 2, 1, 64, "float16", None, None)),
+    # ... the rule's causal d64 from 2048 rows: 3 computing warpgroups, the query tiles aligned to the sequence's end
+    # (the first starts 134 rows before it: rows that see keys through the bottom-right offset, their bias clamped,
+    # never stored), in L2 sections, key padding
+    "wgmma-tma-3-groups-causal-end-aligned": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
+                                                   lpt_heads=2, end_aligned=True),
+                                              (2, 250, 390, 3, 1, 64, "float16", (2, 3, 250, 390), "BottomRight")),
     # ... the 2 computing warpgroups taking turns to issue their GEMMs (ping-pong), causal in L2 sections
     "wgmma-tma-pingpong-causal": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, pingpong=True,
                                        lpt_heads=2),
@@ -281,9 +289,10 @@ TILE_CONFIGS = {
                                             q_bufs=2, pingpong=True, lpt_heads=2),
                                        (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
     # ... persistent, causal, 128-key tiles: items of 1-4 key tiles (the first query tile's one tile both the first
-    # and the last, Q released right after its S), 1 Q buffer; and the loop without the peeled last tile
+    # and the last, Q released right after its S; aligned to the end: rows -122..5), 1 Q buffer, O stored from
+    # registers; and the loop without the peeled last tile
     "wgmma-tma-persistent-causal-1-tile-items": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
-                                                      persistent=3, lpt_heads=2),
+                                                      persistent=3, lpt_heads=2, end_aligned=True),
                                                  (1, 390, 390, 3, 3, 128, "float16", None, "TopLeft")),
     # ... the next item's first S issued behind each item's last P·V (``carry``): items of one key tile too, whose S is
     # then both carried and the last; 2 Q buffers in ping-pong; a CTA whose last item's carried S is dropped
@@ -647,7 +656,7 @@ def test_cuda_tma_kernel_symbolic_lengths(causal):
 def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
-    d128, in ping-pong when causal; persistent, 132 CTAs, causal below 2048 rows (d128: 4096): there 2 computing
+    d128, in ping-pong when causal, the query tiles then aligned to the sequence's end; persistent, 132 CTAs, causal below 2048 rows (d128: 4096): there 2 computing
     warpgroups in ping-pong, for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in
     ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers below 2048; O stored with TMA below 4096 rows, d64 2048),
     others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
@@ -673,6 +682,7 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, 3, False, True), (seq, d, causal, cfg)
         assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong, cfg.carry) == want, (seq, d, causal, cfg)
         assert cfg.tma_store == (cfg.persistent > 0 and seq < (2048 if d == 64 else 4096)), (seq, d, causal, cfg)
+        assert cfg.end_aligned == (causal != "none"), (seq, d, causal, cfg)  # (causal TMA: the tiles end at the end)
     from schedules.common import planning_for
 
     with planning_for(114):  # a target file's SM count (an H100 PCIe) sizes the persistent grid
@@ -697,6 +707,7 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     assert choose(spec(2048, 96, "TopLeft"), wgmma=True).group_diag and choose(spec(4096, 32, "TopLeft"), wgmma=True).group_diag
     assert not choose(spec(8192, 96, "TopLeft"), wgmma=True).group_diag and not choose(spec(2048, 96), wgmma=True).group_diag
     assert not choose(spec(tvm.tirx.Var("s", "int64"), 96, "TopLeft"), wgmma=True).group_diag
+    assert not choose(spec(2048, 96, "TopLeft"), wgmma=True).end_aligned  # (cp.async takes no rows before the sequence)
     sm80, sm90 = targets.resolve("cuda-sm80").target, targets.resolve("cuda-sm90").target
     assert "wgmma" not in kernel(spec(2048, 64), sm80).script() and "wgmma" in kernel(spec(2048, 64), sm90).script()
 
