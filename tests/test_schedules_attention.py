@@ -306,11 +306,12 @@ TILE_CONFIGS = {
                                            peel=False),
                                       (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
     # ... O stored with TMA (``tma_store``): d128 staged in the item's last K/V stage, ragged query tiles clipped,
-    # grouped heads; d64 in a buffer of its own: 3 warpgroups, and causal, carried, 2 Q buffers in ping-pong
+    # grouped heads; d64 in a buffer of its own: 3 warpgroups in a ring of 4 stages (the rule's), and causal, carried,
+    # 2 Q buffers in ping-pong
     "wgmma-tma-persistent-tma-store": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, persistent=3,
                                             tma_store=True),
                                        (2, 150, 600, 4, 2, 128, "float16", (2, 1, 1, 600), None)),
-    "wgmma-tma-persistent-tma-store-3-groups": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
+    "wgmma-tma-persistent-tma-store-3-groups": (dict(warps=12, m_tiles=1, bn=128, stages=4, wgmma=True, tma=True,
                                                      persistent=2, q_bufs=2, tma_store=True),
                                                 (1, 250, 390, 3, 1, 64, "bfloat16", None, None)),
     "wgmma-tma-persistent-tma-store-carry-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
@@ -656,10 +657,11 @@ def test_cuda_tma_kernel_symbolic_lengths(causal):
 def test_cuda_rule_picks_wgmma_where_it_won():
     """wgmma (sm_90a only) for long sequences (from 512 rows; causal: from 2048, d64/d128 from 512, launched in L2
     sections): head dims 64 and 128 on the TMA kernel (128-key tiles, 3 stages; 3 computing warpgroups for d64, 2 for
-    d128, in ping-pong when causal, the query tiles then aligned to the sequence's end; persistent, 132 CTAs, causal below 2048 rows (d128: 4096): there 2 computing
-    warpgroups in ping-pong, for d64 with 2 Q buffers and the next item's first S carried; without a mask d128 in
-    ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers below 2048; O stored with TMA below 4096 rows, d64 2048),
-    others on the cp.async kernel (4 warpgroups for d32, 3 for d96, 64-key tiles); else mma.sync."""
+    d128, in ping-pong when causal, the query tiles then aligned to the sequence's end; persistent, 132 CTAs, d64 in 4
+    stages, causal below 2048 rows (d128: 4096): there 2 computing warpgroups in ping-pong, for d64 with 2 Q buffers
+    and the next item's first S carried; without a mask d128 in ping-pong from 2048 to 4096 rows, d64 with 2 Q buffers
+    below 2048; O stored with TMA below 4096 rows, d64 2048), others on the cp.async kernel (4 warpgroups for d32, 3
+    for d96, 64-key tiles); else mma.sync."""
     from schedules.attention import AttentionSpec
     from schedules.attention_cuda import choose, kernel
 
@@ -679,7 +681,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
                 (2048, 64, "TopLeft"): (12, 0, 1, False, False), (8192, 64, "TopLeft"): (12, 0, 1, False, False)}
     for (seq, d, causal), want in expected.items():
         cfg = choose(spec(seq, d, causal), wgmma=True)
-        assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, 3, False, True), (seq, d, causal, cfg)
+        stages = 4 if d == 64 and cfg.persistent else 3  # (d64 persistent: a ring of 4 K/V stages)
+        assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, stages, False, True), (seq, d, causal, cfg)
         assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong, cfg.carry) == want, (seq, d, causal, cfg)
         assert cfg.tma_store == (cfg.persistent > 0 and seq < (2048 if d == 64 else 4096)), (seq, d, causal, cfg)
         assert cfg.end_aligned == (causal != "none"), (seq, d, causal, cfg)  # (causal TMA: the tiles end at the end)
