@@ -87,12 +87,12 @@ class Case:
         (``TileConfig.peel``); causal, in L2 sections of 1/2 to 1/16 as many (batch, head) pairs (``lpt_heads``). The
         correctness cases check the rule's wgmma kernel too, where it picks mma.sync for their short sequences."""
         from schedules.attention_cuda import (TC_DTYPES, TC_HEAD_DIMS, causal_launch, choose, cp_async_wgmma_config,
-                                             wgmma_config)
+                                             wgmma_rule)
         from schedules.common import SMS
 
         chosen = choose(spec, wgmma=True)
         if not self.bench:
-            wgmma = wgmma_config(self.head_dim, bool(self.causal))
+            wgmma = wgmma_rule(spec)
             tensor_cores = self.dtype in TC_DTYPES and self.head_dim in TC_HEAD_DIMS
             return [wgmma] if tensor_cores and wgmma != chosen else []
         before = cp_async_wgmma_config(self.head_dim)

@@ -216,11 +216,10 @@ def wgmma_kernel(canonical: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     per item, as these few items fill no H200; causal: in L2 sections, the query tiles aligned to the sequence's end),
     for a canonical attention function."""
     from schedules.attention import AttentionSpec
-    from schedules.attention_cuda import causal_launch, flash_mma, persistent_launch, wgmma_config
+    from schedules.attention_cuda import flash_mma, wgmma_rule
 
     spec = AttentionSpec.of(canonical)
-    cfg = wgmma_config(spec.head_dim, spec.causal != "none")
-    return flash_mma(spec, persistent_launch(causal_launch(cfg, spec) if spec.causal != "none" else cfg, spec))
+    return flash_mma(spec, wgmma_rule(spec))
 
 
 # "rule": the scheduled kernel (mma.sync for these short sequences, or SIMT); "wgmma": the Hopper kernel on the
