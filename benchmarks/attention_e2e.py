@@ -136,11 +136,39 @@ def build(device: str, out_dir: Path) -> list[dict]:
     return plan
 
 
-def measure(device: str, plan: list[dict], pkg_dir: Path, rounds: int, repeat: int) -> list[dict]:
-    """Check every package against onnxruntime, then time the variants (and onnxruntime) in interleaved rounds."""
+def reference(model, path: Path, inputs: dict[str, np.ndarray]) -> tuple:
+    """onnxruntime on ``model``, the float32 twin (saved at ``path``): its session, the inputs it takes (float32) and
+    its outputs, against which every variant is checked."""
     import onnx
 
-    from compiler.compare import OrtSession, errors
+    from compiler.compare import OrtSession
+
+    onnx.save(model, path)
+    ort = OrtSession(str(path))
+    ort_inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
+    return ort, ort_inputs, ort(ort_inputs)
+
+
+def check(device: str, pkg_dir: Path) -> None:
+    """Each model's fused package in ``pkg_dir`` (its plan.json) against onnxruntime, untimed: the rerun folders'
+    checks of the kernels other shapes take."""
+    from compiler.compare import errors
+    from compiler.runtime import load
+
+    refs = models(device)
+    for i, entry in enumerate(json.loads((pkg_dir / "plan.json").read_text())):
+        fused = entry["variants"]["fused"]
+        runner = load(str(pkg_dir / fused["package"]))
+        inputs = inputs_for(runner.manifest, seed=i)
+        ref = reference(refs[entry["name"]][1], pkg_dir / f"{entry['name']}-reference.onnx", inputs)[2]
+        err = errors(runner(**inputs), ref)
+        print(entry["name"], fused["attention_kernels"], err, "correct", err["max_rel_err"] <= TOL[CONFIGS[device][0]],
+              flush=True)
+
+
+def measure(device: str, plan: list[dict], pkg_dir: Path, rounds: int, repeat: int) -> list[dict]:
+    """Check every package against onnxruntime, then time the variants (and onnxruntime) in interleaved rounds."""
+    from compiler.compare import errors
     from compiler.runtime import load
 
     dtype = CONFIGS[device][0]
@@ -149,11 +177,7 @@ def measure(device: str, plan: list[dict], pkg_dir: Path, rounds: int, repeat: i
     for entry in plan:
         runners = {v: load(str(pkg_dir / entry["variants"][v]["package"])) for v in VARIANTS}
         inputs = inputs_for(runners["fused"].manifest, seed=len(results))
-        ref_path = pkg_dir / f"{entry['name']}-reference.onnx"
-        onnx.save(refs[entry["name"]][1], ref_path)
-        ort = OrtSession(str(ref_path))
-        ort_inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
-        ref = ort(ort_inputs)
+        ort, ort_inputs, ref = reference(refs[entry["name"]][1], pkg_dir / f"{entry['name']}-reference.onnx", inputs)
         turns = {v: lambda r=runners[v]: r.time(inputs, repeat=repeat, warmup=2).ms for v in VARIANTS}
         turns["onnxruntime-cpu"] = lambda: ort.time(ort_inputs, repeat=repeat, warmup=2)
         # (on the CPU the previous one's thread pool stops spinning first)

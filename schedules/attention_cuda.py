@@ -964,16 +964,15 @@ def mma_body(spec, cfg: TileConfig):
             """Persistent (wgmma): O / rowsum from the accumulators straight to memory, 2 elements a store (shared
             memory may already hold the next item's tiles), or ``TS`` through the item's last K/V stage."""
             row_sums()
-            if TS and ALIGN:  # a warpgroup whose rows start before the sequence stores from registers: a TMA store
-                # at a negative row is an illegal instruction (H100; loads take them, zero-filled)
-                if q0 + warp // 4 * 64 >= 0:
+            if TS:
+                # (``ALIGN``: a warpgroup whose rows start before the sequence stores from registers: a TMA store at a
+                # negative row is an illegal instruction, H100; loads take them, zero-filled)
+                if not ALIGN or q0 + warp // 4 * 64 >= 0:
                     store_o_tma()
                 else:
                     store_o_direct()
                     if not OWN:
                         release_stage(ring(kv0 + n_kv - 1, stages)[0])
-            elif TS:
-                store_o_tma()
             else:
                 store_o_direct()
 

@@ -21,15 +21,4 @@ if sys.argv[1:] == ["--build"]:
 else:
     from compiler.runtime import load_cuda_runtime
     load_cuda_runtime()
-    import numpy as np, onnx
-    from compiler.compare import OrtSession, errors
-    from compiler.runtime import load
-    refs = E.models("gpu")
-    for i, entry in enumerate(json.loads((here / "plan.json").read_text())):
-        r = load(str(here / entry["variants"]["fused"]["package"]))
-        inputs = E.inputs_for(r.manifest, seed=i)
-        ref_path = here / f"{entry['name']}-reference.onnx"
-        onnx.save(refs[entry["name"]][1], ref_path)
-        ref = OrtSession(str(ref_path))({k: v.astype(np.float32) for k, v in inputs.items()})
-        err = errors(r(**inputs), ref)
-        print(entry["name"], err, "correct", err["max_rel_err"] <= E.TOL["float16"], flush=True)
+    E.check("gpu", here)
