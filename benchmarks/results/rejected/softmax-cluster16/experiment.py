@@ -7,8 +7,8 @@ the H100 where 16 x 1M is at 0.83). Beside it: the rule's 8 chunks in clusters o
 in clusters of 16 chunks (128 KB each, two waves, against the rule's one wave of 256 KB chunks). Checked against
 float64 and timed with the copy and the rule's kernels in the benchmark's rounds (``softmax.run``).
 
-    python3 benchmarks/results/rerun/softmax-cluster16/experiment.py --build                              # here
-    python3 benchmarks/results/rerun/softmax-cluster16/experiment.py --run --shapes 16x1048576 --out DIR  # GPU
+    python3 benchmarks/results/rejected/softmax-cluster16/experiment.py --build                              # here
+    python3 benchmarks/results/rejected/softmax-cluster16/experiment.py --run --shapes 16x1048576 --out DIR  # GPU
 """
 
 import sys
