@@ -79,7 +79,7 @@ from compiler.targets import cuda_arch
 
 from . import attention_cuda_decode
 from .attention import by_query_rows, causal_offset, kernel_signature
-from .common import LOG2E, TC_DTYPES, ex2, ex2_fma, mma_ops, row_copier, sm_count, sm_version, warp_shuffle_xor
+from .common import LOG2E, TC_DTYPES, ex2, mma_ops, row_copier, sm_count, sm_version, warp_shuffle_xor
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
 
@@ -156,12 +156,6 @@ class TileConfig:
     # sequence are zero-filled by TMA and never stored). d64's 192-row tiles at seq 2048: 96 key tiles computed
     # instead of 101
     end_aligned: bool = False
-    # causal TMA, one CTA per item: an item's last key tile, where no row sees more than its first half (a query tile
-    # ending at 64 mod 128, as every other of d64's 192-row tiles), computed as S = Q Kᵀ on m64n64 and P·V on 64 keys
-    half_last: int = 0  # (experiment: 1 branch in the loop, 2 peeled)
-    # of every 8 n-tiles of S (8 keys each), this many exponentiated on the FMA pipe (``common.ex2_fma``), the rest on
-    # the special-function unit, so that the two share a d64 tile's exponentials
-    soft_exp: int = 0
 
     @property
     def name(self) -> str:
@@ -171,8 +165,7 @@ class TileConfig:
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
                 f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'o' if self.tma_store else ''}"
-                f"{'r' if self.end_aligned else ''}{'h' * self.half_last}"
-                f"{f'x{self.soft_exp}' if self.soft_exp else ''}")
+                f"{'r' if self.end_aligned else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -382,7 +375,6 @@ def mma_body(spec, cfg: TileConfig):
     nq = (sq + BM - 1) // BM
     # (see TileConfig.end_aligned; a length that is a multiple of the tile gives the same tiles either way)
     ALIGN = causal and cfg.end_aligned and not (isinstance(sq, int) and sq % BM == 0)
-    HALF, HMODE = bool(cfg.half_last), cfg.half_last  # (see TileConfig.half_last)
     items = nq * H * batch  # work items: (query tile, head, batch)
     ctas = min(PC, items) if isinstance(items, int) else PC  # persistent grid
     idx = "int32" if isinstance(items, int) else str(items.ty.dtype)
@@ -404,7 +396,6 @@ def mma_body(spec, cfg: TileConfig):
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
     assert not cfg.tma_store or (TS and (OWN or BM <= BN)), "O stored with TMA: persistent, peeled, O fits a buffer"
     assert not cfg.end_aligned or WS, "query tiles aligned to the end: TMA (cp.async takes no rows before the sequence)"
-    assert not HALF or (causal and PEEL and not PS and BN == 128), "half last tiles: causal, peeled, one CTA per item"
     assert SMEM_ALLOC * 2 <= SMEM_BYTES, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -451,10 +442,7 @@ def mma_body(spec, cfg: TileConfig):
     def exp_units(x, base):  # exp(logit - max) for a logit and max in the units the running max is kept in
         return exp2((x - base) * T.float32(LOG2E)) if has_bias else exp2(x - base)
 
-    def prob(s, base, n):  # the softmax numerator of score accumulator s in n-tile n
-        if fold and cfg.soft_exp:  # (the condition a constant once the loop over n is unrolled)
-            x = s * T.float32(c2) - base
-            return T.if_then_else(n % 8 < cfg.soft_exp, ex2_fma(x), exp2(x))
+    def prob(s, base):  # the softmax numerator of score accumulator s
         return exp2(s * T.float32(c2) - base) if fold else exp_units(s, base)
 
     def q_frag(mt, kk):  # offset of Q's A fragment (m-tile mt, k-step kk) in qf
@@ -547,8 +535,6 @@ def mma_body(spec, cfg: TileConfig):
         q0 = T.meta_var(tile_start(bx))
         hk = T.meta_var(h // G)
         n_kv = T.meta_var(kv_tiles(q0))
-        # ``HALF``: the item's last key tile (not its first) holds no key past its first half that any row sees
-        half = T.meta_var(T.And(n_kv >= 2, kv_limit(q0) - (n_kv - 1) * BN <= BN // 2) if HALF else False)
         if WG:
             sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
         if not WS:
@@ -588,12 +574,11 @@ def mma_body(spec, cfg: TileConfig):
                 T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=pin_src[ctype]))
 
         @T.inline
-        def qk_wgmma(stage, qo, keys=BN):
-            """Issue S = Q Kᵀ into sacc for Q at ``qo`` and the first ``keys`` keys of the tile in smem stage
-            ``stage`` (asynchronous: one commit group): one wgmma.m64n``keys`` per 16 columns of d, this warpgroup's 64
-            query rows, both from shared memory (K-major). The pins keep other uses of the registers out of the wgmma's
-            span."""
-            pin(sacc, keys // 2, "float")
+        def qk_wgmma(stage, qo):
+            """Issue S = Q Kᵀ into sacc for Q at ``qo`` and the key tile in smem stage ``stage`` (asynchronous: one
+            commit group): one wgmma.m64nBN per 16 columns of d, this warpgroup's 64 query rows against all BN keys,
+            both from shared memory (K-major). The pins keep other uses of the registers out of the wgmma's span."""
+            pin(sacc, NS * 4, "float")
             # Causal: Q's descriptors recomputed here. Hoisted out of the loop (8 registers), two were spilled and
             # reloaded every tile: causal d64 ran 16-18 % slower than a build that happened not to spill (H200;
             # long-scoreboard stalls 0.1 -> 2.1 per instruction).
@@ -601,23 +586,23 @@ def mma_body(spec, cfg: TileConfig):
                 pin(sbase, 1, "uint")
             T.ptx["wgmma.fence.sync.aligned"]()
             for kk in T.unroll(KS):
-                T.ptx[wgmma.format(keys)](
-                    *[sacc[i] for i in range(keys // 2)],
+                T.ptx[wgmma.format(BN)](
+                    *[sacc[i] for i in range(NS * 4)],
                     desc(sbase[0], at(qo, warp // 4 * 64, kk * 16, BM), *k_major),
                     desc(sbase[0], at(K_OFF + stage, 0, kk * 16, BN), *k_major),
                     kk > 0, 1, 1, 0, 0)
             T.ptx["wgmma.commit_group.sync.aligned"]()
-            pin(sacc, keys // 2, "float")
+            pin(sacc, NS * 4, "float")
 
         @T.inline
-        def pv_wgmma(stage, keys=BN):
-            """Issue O += P V over the tile's first ``keys`` keys (one commit group): one wgmma.m64nD per 16 keys, P
-            from registers (the S accumulators' layout is wgmma's A fragment layout too), V from shared memory read
-            MN-major (transposed B: LBO steps keys, SBO steps d)."""
+        def pv_wgmma(stage):
+            """Issue O += P V (one commit group): one wgmma.m64nD per 16 keys, P from registers (the S
+            accumulators' layout is wgmma's A fragment layout too), V from shared memory read MN-major
+            (transposed B: LBO steps keys, SBO steps d)."""
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             T.ptx["wgmma.fence.sync.aligned"]()
-            for kk in T.unroll(keys // 16):
+            for kk in T.unroll(BN // 16):
                 T.ptx[wgmma.format(D)](
                     *[oacc[i] for i in range(ND * 4)], pw[kk * 4], pw[kk * 4 + 1], pw[kk * 4 + 2], pw[kk * 4 + 3],
                     desc(sbase[0], at(V_OFF + stage, kk * 16, 0, BN), *mn_major), True, 1, 1, 1)
@@ -685,23 +670,21 @@ def mma_body(spec, cfg: TileConfig):
             T.ptx["bar.sync"](T.uint32(1), T.Cast("uint32", 128 * groups_at(q0, j)))
 
         @T.inline
-        def scores(j, n_plain, keys=BN):
-            """Softmax of tile j's scores in sacc (masked from tile ``n_plain`` on; ``keys``: of its first keys, the
-            rest masked). (A warpgroup whose rows all end before the tile gets P = 0 from the mask; a branch that set
-            it directly instead cost registers, spills under 3-4 warpgroups, and 3-25 % on causal shapes.)"""
-            if keys < BN:  # (the item's last tile: masked)
-                softmax(j * BN, True, keys // 8)
-            elif j < n_plain:
+        def scores(j, n_plain):
+            """Softmax of tile j's scores in sacc (masked from tile ``n_plain`` on). (A warpgroup whose rows all
+            end before the tile gets P = 0 from the mask; a branch that set it directly instead cost registers,
+            spills under 3-4 warpgroups, and 3-25 % on causal shapes.)"""
+            if j < n_plain:
                 softmax(j * BN, False)
             else:
                 softmax(j * BN, True)
 
         @T.inline
-        def tile_wgmma(j, n_plain, keys=BN):
+        def tile_wgmma(j, n_plain):
             """Key tile j on wgmma, FlashAttention-3's in-warpgroup pipeline over a ring of K/V stages. On entry P of
-            tile j is in pf and O holds tiles < j. S of tile j+1 (of its first ``keys`` keys) is issued, O rescaled
-            under it, P·V of tile j issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in
-            meanwhile (cp.async, 3 stages; TMA: as the producer gets each stage back)."""
+            tile j is in pf and O holds tiles < j. S of tile j+1 is issued, O rescaled under it, P·V of tile j
+            issued; once S is in, tile j+1's softmax runs under P·V; tile j+2 streams in meanwhile (cp.async, 3
+            stages; TMA: as the producer gets each stage back)."""
             nxt, cur = T.meta_var((ring(kv0 + j + 1, stages), ring(kv0 + j, stages)))
             if WS:  # tile j+1 is in (TMA); the producer refills stages as they are released
                 if j + 1 < n_kv:
@@ -722,7 +705,7 @@ def mma_body(spec, cfg: TileConfig):
             # is computed and dropped; a warpgroup whose rows end before a tile takes P = 0): ptxas tracks the
             # in-flight groups per path and serialises every wgmma of the kernel if a branch leaves it unsure
             my_turn()  # ping-pong (FA3): both GEMMs issued in this warpgroup's turn, its softmax under the other's
-            qk_wgmma(nxt[0] * (BN * RS), q_off, keys)
+            qk_wgmma(nxt[0] * (BN * RS), q_off)
             rescale_o()
             pv_wgmma(cur[0] * (BN * RS))
             your_turn()
@@ -732,7 +715,7 @@ def mma_body(spec, cfg: TileConfig):
                 if j + 2 == n_kv:  # the item's last S is in: Q's buffer may take the next item's
                     release_q()
             if j + 1 < n_kv:
-                scores(j + 1, n_plain, keys)
+                scores(j + 1, n_plain)
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
@@ -759,13 +742,7 @@ def mma_body(spec, cfg: TileConfig):
             cur = T.meta_var(ring(kv0 + j, stages))
             my_turn()
             rescale_o()
-            if HALF:
-                if half:
-                    pv_wgmma(cur[0] * (BN * RS), BN // 2)
-                else:
-                    pv_wgmma(cur[0] * (BN * RS))
-            else:
-                pv_wgmma(cur[0] * (BN * RS))
+            pv_wgmma(cur[0] * (BN * RS))
             if CARRY:
                 first_s(qi + 1, kv0 + n_kv, qi + 1 < cta_items(bx0))
             your_turn()
@@ -807,13 +784,12 @@ def mma_body(spec, cfg: TileConfig):
                         mma(qf, q_frag(mt, kk), kf, 4, sacc, (mt * NS + n2 * 2 + 1) * 4)
 
         @T.inline
-        def softmax(k0, masked, ns=NS):
-            """S -> P (in registers, as the A fragments of P V); running max / sum and O rescaled. (``ns``: the tile's
-            first ns n-tiles of 8 keys, the rest masked for every row.)"""
+        def softmax(k0, masked):
+            """S -> P (in registers, as the A fragments of P V); running max / sum and O rescaled."""
             # logits: scale, bias, masks (sacc[(mt*NS + n)*4 + c]: row mt*16 + g + c//2*8, key n*8 + 2t + c%2)
             if masked:
                 for mt in T.unroll(MT):
-                    for n in T.unroll(ns):
+                    for n in T.unroll(NS):
                         for c in T.unroll(4):
                             row = T.meta_var(q0 + warp * WM + mt * 16 + g + c // 2 * 8)
                             key = T.meta_var(k0 + n * 8 + t4 * 2 + c % 2)
@@ -825,15 +801,14 @@ def mma_body(spec, cfg: TileConfig):
                             else:
                                 sacc[i] = T.if_then_else(spec.visible(row, key), sacc[i], neg_inf)
             if not (fold or has_bias):
-                for mt in T.unroll(MT):
-                    for i in T.unroll(ns * 4):
-                        sacc[mt * NS * 4 + i] = sacc[mt * NS * 4 + i] * T.float32(c2)
+                for i in T.unroll(MT * NS * 4):
+                    sacc[i] = sacc[i] * T.float32(c2)
             # online softmax per row: max over the tile (4 lanes of a quad share a row), rescale, exponentiate
             for mt in T.unroll(MT):
                 for r in T.unroll(2):
                     i = T.meta_var(mt * 2 + r)
                     mx[i] = neg_inf
-                    for n in T.unroll(ns):
+                    for n in T.unroll(NS):
                         for e in T.unroll(2):
                             mx[i] = T.max(mx[i], sacc[(mt * NS + n) * 4 + r * 2 + e])
                     mx[i] = T.max(mx[i], shfl(mx[i], 1))
@@ -851,10 +826,10 @@ def mma_body(spec, cfg: TileConfig):
                         lsum[i] = lsum[i] * al[i]
                     m[i] = mx[i]
                     rs[i] = T.float32(0)
-                    for n in T.unroll(ns):
+                    for n in T.unroll(NS):
                         for e in T.unroll(2):
                             x = T.meta_var(sacc[(mt * NS + n) * 4 + r * 2 + e])
-                            sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i], n)
+                            sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
                             rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
                     lsum[i] = lsum[i] + rs[i]
             if not WG:  # wgmma: P·V of the previous tile may still read pf; to_p converts later
@@ -957,23 +932,8 @@ def mma_body(spec, cfg: TileConfig):
                 to_p()
                 n_plain = T.meta_var(0 if has_bias else T.min(n_kv, plain_tiles(q0)))
                 mine = T.meta_var(group_tiles(q0, warp // 4) if per_group else n_kv)
-                if HMODE == 1:
-                    for j in T.serial(mine - PEEL):
-                        if T.And(j + 2 == n_kv, half):
-                            tile_wgmma(j, n_plain, BN // 2)
-                        else:
-                            tile_wgmma(j, n_plain)
-                elif HMODE == 2:
-                    for j in T.serial(mine - PEEL - 1):
-                        tile_wgmma(j, n_plain)
-                    if mine >= 2:
-                        if half:
-                            tile_wgmma(mine - 2, n_plain, BN // 2)
-                        else:
-                            tile_wgmma(mine - 2, n_plain)
-                else:
-                    for j in T.serial(mine - PEEL):
-                        tile_wgmma(j, n_plain)
+                for j in T.serial(mine - PEEL):
+                    tile_wgmma(j, n_plain)
                 if PEEL:
                     last_tile(mine - 1)
                 if per_group:

@@ -111,24 +111,6 @@ def ex2(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return T.cuda.func_call("tvmpipe_ex2", x, source_code=EX2_SRC, return_type="float32")
 
 
-# 2^x on the FMA pipe, not the special-function unit's ex2 (FlashAttention-4's emulation; the SFU issues 16 ex2 a clock
-# per SM, a d64 attention tile needs about as many clocks of them as of its two GEMMs): x = n + f with n = round(x)
-# (1.5 * 2^23 added: n lands in the low mantissa bits), 2^f on [-0.5, 0.5] by a degree-3 polynomial (relative error
-# 7.5e-5, fitted here: below float16's half ulp), times 2^n built from n's bits. Results below 2^-126 are 0 as ``ex2``'s
-# (-inf too); NaN stays NaN.
-EX2_FMA_SRC = (
-    "__forceinline__ __device__ float tvmpipe_ex2_fma(float x) {"
-    " float t = x + 12582912.0f; float f = x - (t - 12582912.0f);"
-    " float p = fmaf(fmaf(fmaf(0.05517149f, f, 0.2426107f), f, 0.69326097f), f, 0.99992812f);"
-    " float y = p * __int_as_float((__float_as_int(t) + 127) << 23);"
-    " return x < -126.0f ? 0.0f : y; }")
-
-
-def ex2_fma(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """2^x in float32 on the GPU's FMA pipe through ``EX2_FMA_SRC`` (x < 127; results below 2^-126 are 0)."""
-    return T.cuda.func_call("tvmpipe_ex2_fma", x, source_code=EX2_FMA_SRC, return_type="float32")
-
-
 def padded_conv_input(data: te.Tensor, kh: int, kw: int, strides, padding, dilation) -> tuple:
     """An NCHW conv's zero-padded input and geometry: (data, (oh, ow), (sh, sw), (dh, dw))."""
     h, w = data.shape[2], data.shape[3]

@@ -45,8 +45,6 @@ PRELUDE = r"""
 #define uchar unsigned char
 typedef _Float16 half;
 static inline half __float2half_rn(float f) { return (half)f; }
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
   uint16_t bits;
   nv_bfloat16() = default;
@@ -466,8 +464,7 @@ def _helpers(preamble: str) -> str:
                         f"{str(trans[-1] == '1').lower()}); }}")
         elif name == "tvmpipe_ex2":  # ex2.approx.ftz.f32: results below 2^-126 flush to 0
             defs.append("static inline float tvmpipe_ex2(float x) { float y = std::exp2(x); return y < 0x1p-126f ? 0.f : y; }")
-        elif name in ("tvmpipe_all", "tvmpipe_copy16", "tvmpipe_ex2_fma"):  # plain C++ (a warp vote, a 16-byte copy,
-            # 2^x on the FMA pipe): the kernel's own
+        elif name in ("tvmpipe_all", "tvmpipe_copy16"):  # plain C++ (a warp vote, a 16-byte copy): the kernel's own
             head = re.search(rf"__device__ [\w ]+? {name}\(", preamble)
             defs.append("static " + preamble[head.start() : _balanced(preamble, preamble.index("{", head.end()), "{}")])
         elif m := re.fullmatch(r"tvmpipe_split_(\w+)_(tag|arrive|publish|take)", name):  # a split's rendezvous

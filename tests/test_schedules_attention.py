@@ -270,27 +270,12 @@ TILE_CONFIGS = {
     # ... 3 computing warpgroups of 128-key tiles for d64 (the rule's without a mask), a ragged query tile of 192 rows
     "wgmma-tma-3-groups-d64": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True),
                                (1, 250, 390, 2, 1, 64, "float16", None, None)),
-    # ... its exponentials on the FMA pipe (``soft_exp``): all of them, and 3 n-tiles of 8 under a causal mask
-    "wgmma-tma-3-groups-d64-fma-exp": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, soft_exp=8),
-                                       (1, 250, 390, 2, 1, 64, "float16", None, None)),
-    "wgmma-tma-3-groups-causal-fma-exp-3": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
-                                                 end_aligned=True, soft_exp=3),
-                                            (1, 300, 300, 2, 1, 64, "bfloat16", None, "TopLeft")),
     # ... the rule's causal d64 from 2048 rows: 3 computing warpgroups, the query tiles aligned to the sequence's end
     # (the first starts 134 rows before it: rows that see keys through the bottom-right offset, their bias clamped,
     # never stored), in L2 sections, key padding
     "wgmma-tma-3-groups-causal-end-aligned": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
                                                    lpt_heads=2, end_aligned=True),
                                               (2, 250, 390, 3, 1, 64, "float16", (2, 3, 250, 390), "BottomRight")),
-    # ... each item's last key tile on half its keys where no row sees more (``half_last``): with a bias and an offset
-    # diagonal (items ending at key 390 of the 3 key tiles before it, and at 198: 70 keys, whole), and causal from the
-    # top-left at 448 rows (items ending at 448: half; 256: whole; 64: one key tile)
-    "wgmma-tma-3-groups-causal-half-last-bias": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
-                                                      lpt_heads=2, end_aligned=True, half_last=True),
-                                                 (2, 250, 390, 3, 1, 64, "float16", (2, 3, 250, 390), "BottomRight")),
-    "wgmma-tma-3-groups-causal-half-last": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
-                                                 end_aligned=True, half_last=True),
-                                            (1, 448, 448, 2, 1, 64, "bfloat16", None, "TopLeft")),
     # ... the 2 computing warpgroups taking turns to issue their GEMMs (ping-pong), causal in L2 sections
     "wgmma-tma-pingpong-causal": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, pingpong=True,
                                        lpt_heads=2),
@@ -337,34 +322,6 @@ TILE_CONFIGS = {
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
 }
 
-
-
-def test_fma_pipe_exp2_against_float64():
-    """``common.ex2_fma`` (2^x on the FMA pipe, the kernel's ``soft_exp``), emulated: within 1e-4 relative of float64
-    over the softmax's range (x <= 0, down to 2^-125) and at the rounding boundaries of n; 0 below 2^-126 and at -inf
-    (a masked score), NaN stays NaN, as the special-function unit's ex2."""
-    from tvm.script import tirx as T
-
-    from schedules.common import ex2_fma
-
-    rng = np.random.default_rng()
-    x = np.concatenate([rng.uniform(-125, 0.01, 3000), np.arange(-125, 1) + 0.5, np.arange(-125, 1) + 0.4999,
-                        [0.0, -0.0, 1e-7, -126.5, -127.0, -200.0, -3e38, -np.inf, np.nan]]).astype(np.float32)
-    n = len(x) // 128 * 128 + 128
-    x = np.concatenate([x, np.zeros(n - len(x), np.float32)])
-
-    @T.prim_func
-    def func(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
-        for bx in T.thread_binding(n // 128, thread="blockIdx.x"):
-            for tx in T.thread_binding(128, thread="threadIdx.x"):
-                b[bx * 128 + tx] = ex2_fma(a[bx * 128 + tx])
-
-    arrays = {"a": x, "b": np.empty_like(x)}
-    cuda_emu.run(func.with_attr("global_symbol", "main"), targets.resolve("cuda-sm90").target, arrays)
-    y, ref = arrays["b"].astype(np.float64), np.exp2(x.astype(np.float64))
-    normal = x >= -125
-    assert np.abs(y[normal] / ref[normal] - 1).max() <= 1e-4
-    assert (y[(x < -126) | np.isneginf(x)] == 0).all() and np.isnan(y[np.isnan(x)]).all()
 
 # options only the benchmark's variants take (``choose`` never does): not in CI's `make test`, in `make test-all`
 BENCHMARK_ONLY = {"8-warps-pingpong-lpt-off", "16-row-warps-2-ctas-q-regs", "wgmma-2-groups-causal", "exp2f",

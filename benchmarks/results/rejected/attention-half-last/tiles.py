@@ -4,8 +4,8 @@ their last 128-key tile holds 64 keys that no row sees, and S = Q Kᵀ (m64n128)
 on all of it. With the option such a tile runs m64n64, a softmax of 64 keys and P·V on 64 (seq 2048: 2.5 of the 96 key
 tiles computed per head, 2.6 %; 8192: 0.8 %).
 
-    python3 benchmarks/results/rerun/attention-half-last/tiles.py --build            # here
-    python3 benchmarks/results/rerun/attention-half-last/tiles.py --run --out DIR    # GPU machine
+    python3 benchmarks/results/rejected/attention-half-last/tiles.py --build            # here
+    python3 benchmarks/results/rejected/attention-half-last/tiles.py --run --out DIR    # GPU machine
 """
 
 import sys

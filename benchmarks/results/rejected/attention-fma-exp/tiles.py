@@ -5,8 +5,8 @@ two GEMMs take about as many tensor-core clocks as its exponentials take there (
 989 / 3.9 TFLOP/s), d128's twice as many. Nsight Compute had cuDNN issue more FMA-pipe work than ours (0.62-0.92x).
 Variants: of every 8 n-tiles of S, 2, 3 or 4 on the FMA pipe for d64, 1 or 2 for d128.
 
-    python3 benchmarks/results/rerun/attention-fma-exp/tiles.py --build            # here
-    python3 benchmarks/results/rerun/attention-fma-exp/tiles.py --run --out DIR    # GPU machine
+    python3 benchmarks/results/rejected/attention-fma-exp/tiles.py --build            # here
+    python3 benchmarks/results/rejected/attention-fma-exp/tiles.py --run --out DIR    # GPU machine
 """
 
 import sys
