@@ -156,9 +156,6 @@ class TileConfig:
     # sequence are zero-filled by TMA and never stored). d64's 192-row tiles at seq 2048: 96 key tiles computed
     # instead of 101
     end_aligned: bool = False
-    # TMA: each row's softmax sum by the tensor cores, P times a column of ones (one m64n8 wgmma per 16 keys beside
-    # P·V, in its accumulators and rescaled with O), instead of an add per score
-    sum_mma: bool = False
 
     @property
     def name(self) -> str:
@@ -168,7 +165,7 @@ class TileConfig:
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
                 f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'o' if self.tma_store else ''}"
-                f"{'r' if self.end_aligned else ''}{'s' if self.sum_mma else ''}")
+                f"{'r' if self.end_aligned else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -361,15 +358,11 @@ def mma_body(spec, cfg: TileConfig):
     # ``TS``: O staged in a buffer of its own after the V stages where the SM has room for it (OWN), else in the K tile
     # of the item's last K/V stage
     O_OFF = V_OFF + stages * BN * RS
-    SUM = cfg.sum_mma  # (see TileConfig.sum_mma)
-    ONES = 136 * SUM  # elements: 256 bytes of ones after the mbarriers (16-byte aligned)
-    OWN = TS and (O_OFF + BM * D + 4 * (2 * stages + 2 * QB) + ONES) * 2 <= SMEM_BYTES
+    OWN = TS and (O_OFF + BM * D + 4 * (2 * stages + 2 * QB)) * 2 <= SMEM_BYTES
     SMEM = O_OFF + BM * D if OWN else SMEM
     # TMA's mbarriers after the tiles: full[stages] (tile in), empty[stages] (tile consumed), Q full[QB], Q empty[QB]
     FULL, EMPTY, Q_FULL, Q_EMPTY = 0, stages, 2 * stages, 2 * stages + QB
     SMEM_ALLOC = SMEM + 4 * (2 * stages + 2 * QB) * WS
-    ONES_OFF = (SMEM_ALLOC + 7) // 8 * 8  # ``SUM``: a K-major 16 x 8 tile of ones (two 8 x 8 core matrices)
-    SMEM_ALLOC = ONES_OFF + 128 if SUM else SMEM_ALLOC
     min_blocks = 1 if WS else cfg.min_blocks
     # setmaxnreg moves registers between the warps of a CTA: what the producer gives up (down to 24 per thread),
     # the computing warpgroups take (up to 240; FA3's split). The CTA starts with EVEN_REGS per thread (ptxas's most
@@ -403,7 +396,6 @@ def mma_body(spec, cfg: TileConfig):
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
     assert not cfg.tma_store or (TS and (OWN or BM <= BN)), "O stored with TMA: persistent, peeled, O fits a buffer"
     assert not cfg.end_aligned or WS, "query tiles aligned to the end: TMA (cp.async takes no rows before the sequence)"
-    assert not SUM or WS, "row sums on the tensor cores: the TMA kernel"
     assert SMEM_ALLOC * 2 <= SMEM_BYTES, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
 
     def at(base, r, col, rows):
@@ -490,10 +482,10 @@ def mma_body(spec, cfg: TileConfig):
         """Shared-window address of TMA mbarrier ``i`` (``SMEM_ALLOC``: full[stages], empty[stages], Q's)."""
         return sbase[0] + T.Cast("uint32", SMEM * 2 + i * 8)
 
-    def desc(sbase, off, lbo, sbo, swizzled=SW):
+    def desc(sbase, off, lbo, sbo):
         """wgmma shared-memory matrix descriptor of the tile at element ``off`` (``at``'s layout); strides in bytes."""
         addr = T.Cast("uint64", ((sbase + T.Cast("uint32", off * 2)) >> T.uint32(4)) & T.uint32(0x3FFF))
-        return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32 | (1 << 62 if swizzled else 0))
+        return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32 | (1 << 62 if SW else 0))
 
     # A register pin: an empty asm that claims to rewrite the register, so the compiler keeps every use of it after
     # the wgmma wait that precedes the pin (TVM's wgmma_noop_barrier takes its operand by value, pinning a copy).
@@ -518,7 +510,6 @@ def mma_body(spec, cfg: TileConfig):
         sbase = T.alloc_buffer((1,), "uint32", scope="local")  # the shared buffer's shared-window address
         done = T.alloc_buffer((1,), "uint32", scope="local")  # TMA: an mbarrier phase completed
         oacc = T.alloc_buffer((MT * ND * 4,), f32, scope="local")
-        lacc = T.alloc_buffer((4,), f32, scope="local")  # ``SUM``: rows g, g + 8 of P times ones (columns 2 t4, +1)
         # per row held by this thread (m-tile mt, row g + r*8 at index mt*2 + r): running max and sum; the
         # tile's max, sum, rescale factor and exponent base
         m = T.alloc_buffer((MT * 2,), f32, scope="local")
@@ -558,9 +549,6 @@ def mma_body(spec, cfg: TileConfig):
         def init_acc():
             for i in T.unroll(MT * ND * 4):
                 oacc[i] = T.float32(0)
-            if SUM:
-                for i in T.unroll(4):
-                    lacc[i] = T.float32(0)
             for i in T.unroll(MT * 2):
                 m[i] = neg_inf
                 lsum[i] = T.float32(0)
@@ -584,12 +572,6 @@ def mma_body(spec, cfg: TileConfig):
         def pin(buf, n, ctype):
             for i in T.unroll(n):
                 T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=pin_src[ctype]))
-
-        @T.inline
-        def pin_o():  # O's accumulators (``SUM``: and the row sums')
-            pin(oacc, ND * 4, "float")
-            if SUM:
-                pin(lacc, 4, "float")
 
         @T.inline
         def qk_wgmma(stage, qo):
@@ -617,20 +599,15 @@ def mma_body(spec, cfg: TileConfig):
             """Issue O += P V (one commit group): one wgmma.m64nD per 16 keys, P from registers (the S
             accumulators' layout is wgmma's A fragment layout too), V from shared memory read MN-major
             (transposed B: LBO steps keys, SBO steps d)."""
-            pin_o()
+            pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             T.ptx["wgmma.fence.sync.aligned"]()
             for kk in T.unroll(BN // 16):
                 T.ptx[wgmma.format(D)](
                     *[oacc[i] for i in range(ND * 4)], pw[kk * 4], pw[kk * 4 + 1], pw[kk * 4 + 2], pw[kk * 4 + 3],
                     desc(sbase[0], at(V_OFF + stage, kk * 16, 0, BN), *mn_major), True, 1, 1, 1)
-            if SUM:  # the row sums: P times the 16 x 8 tile of ones, for every 16 keys
-                for kk in T.unroll(BN // 16):
-                    T.ptx[wgmma.format(8)](
-                        *[lacc[i] for i in range(4)], pw[kk * 4], pw[kk * 4 + 1], pw[kk * 4 + 2], pw[kk * 4 + 3],
-                        desc(sbase[0], ONES_OFF, 128, 256, False), True, 1, 1, 0)
             T.ptx["wgmma.commit_group.sync.aligned"]()
-            pin_o()
+            pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
 
         @T.inline
@@ -740,7 +717,7 @@ def mma_body(spec, cfg: TileConfig):
             if j + 1 < n_kv:
                 scores(j + 1, n_plain)
             T.ptx["wgmma.wait_group.sync.aligned"](0)
-            pin_o()
+            pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             if WS:  # this warp's P·V of tile j is done: its stage may be refilled
                 release_stage(cur[0])
@@ -770,7 +747,7 @@ def mma_body(spec, cfg: TileConfig):
                 first_s(qi + 1, kv0 + n_kv, qi + 1 < cta_items(bx0))
             your_turn()
             T.ptx["wgmma.wait_group.sync.aligned"](1 if CARRY else 0)  # (groups retire in order: P·V is done)
-            pin_o()
+            pin(oacc, ND * 4, "float")
             pin(pw, NS * 2, "uint")
             if not TS or OWN:  # (else once O, staged in it, is stored)
                 release_stage(cur[0])
@@ -846,18 +823,15 @@ def mma_body(spec, cfg: TileConfig):
                     if al[i] != T.float32(1):  # the max moved: rescale (skipped once the max settles)
                         if not WG:  # wgmma: O may be in flight; rescale_o applies al later
                             rescale_row(mt, r)
-                        if not SUM:  # (else rescaled with O)
-                            lsum[i] = lsum[i] * al[i]
+                        lsum[i] = lsum[i] * al[i]
                     m[i] = mx[i]
                     rs[i] = T.float32(0)
                     for n in T.unroll(NS):
                         for e in T.unroll(2):
                             x = T.meta_var(sacc[(mt * NS + n) * 4 + r * 2 + e])
                             sacc[(mt * NS + n) * 4 + r * 2 + e] = prob(x, bs[i])
-                            if not SUM:
-                                rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
-                    if not SUM:
-                        lsum[i] = lsum[i] + rs[i]
+                            rs[i] = rs[i] + sacc[(mt * NS + n) * 4 + r * 2 + e]
+                    lsum[i] = lsum[i] + rs[i]
             if not WG:  # wgmma: P·V of the previous tile may still read pf; to_p converts later
                 to_p()
 
@@ -875,14 +849,10 @@ def mma_body(spec, cfg: TileConfig):
 
         @T.inline
         def rescale_o():
-            """O *= al per row (wgmma, one m-tile: deferred from the softmax until O's P·V is done; ``SUM``: the row
-            sums too)."""
+            """O *= al per row (wgmma, one m-tile: deferred from the softmax until O's P·V is done)."""
             for r in T.unroll(2):
                 if al[r] != T.float32(1):
                     rescale_row(0, r)
-                    if SUM:
-                        for e in T.unroll(2):
-                            lacc[r * 2 + e] = lacc[r * 2 + e] * al[r]
 
         @T.inline
         def pv(stage):
@@ -985,12 +955,9 @@ def mma_body(spec, cfg: TileConfig):
         def row_sums():
             """lsum = 1 / the row sums (0/0 = NaN for a fully masked row, as the unfused softmax)."""
             for i in T.unroll(MT * 2):
-                if SUM:  # (each of the thread's columns of P times ones holds its row's whole sum)
-                    lsum[i] = T.float32(1) / lacc[i * 2]
-                else:
-                    lsum[i] = lsum[i] + shfl(lsum[i], 1)
-                    lsum[i] = lsum[i] + shfl(lsum[i], 2)
-                    lsum[i] = T.float32(1) / lsum[i]
+                lsum[i] = lsum[i] + shfl(lsum[i], 1)
+                lsum[i] = lsum[i] + shfl(lsum[i], 2)
+                lsum[i] = T.float32(1) / lsum[i]
 
         @T.inline
         def store_o():
@@ -1100,11 +1067,6 @@ def mma_body(spec, cfg: TileConfig):
                     T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, Q_FULL + i), T.uint32(1))
                     T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, Q_EMPTY + i), T.uint32(cfg.warps))
                 T.ptx["fence.mbarrier_init.release.cluster"]()
-            if SUM:  # the tile of ones, 8 elements a thread, for wgmma (the async proxy)
-                if tx < 16:
-                    for e in T.unroll(8):
-                        smem[ONES_OFF + tx * 8 + e] = T.Cast(dtype, 1)
-                    T.ptx["fence.proxy.async.shared::cta"]()
             T.tvm_storage_sync("shared")
             if warp // 4 == NW:
                 T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGS)

@@ -51,7 +51,6 @@ struct nv_bfloat16 {  // round-to-nearest-even, like __float2bfloat16
   nv_bfloat16(float f) { uint32_t u; std::memcpy(&u, &f, 4); bits = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
   operator float() const { uint32_t u = (uint32_t)bits << 16; float f; std::memcpy(&f, &u, 4); return f; }
 };
-static inline nv_bfloat16 __float2bfloat16_rn(float f) { return nv_bfloat16(f); }
 struct uint4 { unsigned x, y, z, w; };
 struct alignas(8) half4 { half x, y, z, w; };  // defined by TVM's CUDA preamble
 struct alignas(4) half2 { half x, y; };  // CUDA's vector types

@@ -270,17 +270,6 @@ TILE_CONFIGS = {
     # ... 3 computing warpgroups of 128-key tiles for d64 (the rule's without a mask), a ragged query tile of 192 rows
     "wgmma-tma-3-groups-d64": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True),
                                (1, 250, 390, 2, 1, 64, "float16", None, None)),
-    # ... the row sums on the tensor cores (``sum_mma``): 3 warpgroups with key padding; causal ping-pong with a bias;
-    # persistent, causal, the next item's first S carried, fully masked rows of a top-left diagonal over fewer keys
-    "wgmma-tma-3-groups-d64-sum-mma": (dict(warps=12, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True, sum_mma=True),
-                                       (2, 250, 390, 2, 1, 64, "float16", (2, 1, 1, 390), None)),
-    "wgmma-tma-pingpong-causal-sum-mma": (dict(warps=8, m_tiles=1, bn=128, stages=3, wgmma=True, tma=True,
-                                               pingpong=True, lpt_heads=2, end_aligned=True, sum_mma=True),
-                                          (1, 300, 300, 3, 1, 128, "bfloat16", (1, 3, 300, 300), "TopLeft")),
-    "wgmma-tma-persistent-carry-sum-mma": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
-                                                persistent=4, q_bufs=2, pingpong=True, lpt_heads=2, carry=True,
-                                                tma_store=True, sum_mma=True),
-                                           (2, 330, 200, 3, 1, 64, "float16", None, "TopLeft")),
     # ... the rule's causal d64 from 2048 rows: 3 computing warpgroups, the query tiles aligned to the sequence's end
     # (the first starts 134 rows before it: rows that see keys through the bottom-right offset, their bias clamped,
     # never stored), in L2 sections, key padding
