@@ -4,8 +4,8 @@ float add per score (64 a thread and key tile, a fifth of the softmax's instruct
 (rejected/attention-fma-exp/) lost the more the more instructions they added: the softmax between the GEMMs is short
 of issue slots. The variant: the rule's configuration with it, on every benchmark shape.
 
-    python3 benchmarks/results/rerun/attention-sum-mma/tiles.py --build            # here
-    python3 benchmarks/results/rerun/attention-sum-mma/tiles.py --run --out DIR    # GPU machine
+    python3 benchmarks/results/rejected/attention-sum-mma/tiles.py --build            # here
+    python3 benchmarks/results/rejected/attention-sum-mma/tiles.py --run --out DIR    # GPU machine
 """
 
 import sys
