@@ -681,7 +681,8 @@ def test_cuda_rule_picks_wgmma_where_it_won():
     for (seq, d, causal), want in expected.items():
         cfg = choose(spec(seq, d, causal), wgmma=True)
         stages = 4 if d == 64 and cfg.persistent else 3  # (d64 persistent: a ring of 4 K/V stages)
-        assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, stages, False, True), (seq, d, causal, cfg)
+        assert (cfg.tma, cfg.bn, cfg.stages, cfg.group_diag, cfg.peel) == (True, 128, stages, False, True), \
+            (seq, d, causal, cfg)
         assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong, cfg.carry) == want, (seq, d, causal, cfg)
         assert cfg.tma_store == (cfg.persistent > 0 and seq < (2048 if d == 64 else 4096)), (seq, d, causal, cfg)
         assert cfg.end_aligned == (causal != "none"), (seq, d, causal, cfg)  # (causal TMA: the tiles end at the end)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import attention as A  # noqa: E402
 
-NAMES = tuple(f"bench_d{d}_s{s}_{m}" for d in (64, 128) for s in (512, 2048, 8192) for m in ("full", "causal"))
+NAMES = tuple(c.name for c in A.CASES if c.bench)  # the benchmark's 12 shapes
 
 
 def variants(chosen, spec) -> list:
