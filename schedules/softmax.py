@@ -24,9 +24,10 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
   (16 KB chunks, rows x chunks <= SMs so that all are resident) of the same kernel: each caches its chunk,
   publishes its (max, sum), takes its row's others and normalises its chunk from chip (one read of the input, one
   write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice);
-- on sm_90+, rows that no block holds on chip (float32 over ~290 KB): the same split, each row's 1024-thread blocks
-  one thread-block cluster (``cluster``), which the GPU makes resident together, so any number of rows (H100: 128 x
-  131072 float32 1.08x the streamed block per row, H200 1.03x).
+- on sm_90+, where those chunks would not stay on chip (16 x 1M float32), or for rows that no block holds on chip
+  (float32 over ~290 KB): the same split in chunks of at most 256 KB, which a 1024-thread block holds, over a ring
+  of as many blocks as the SMs hold (``grid``), each taking its chunks in turn and reading the next while it writes
+  the current (H100: 16 x 1M float32 1.08x the one-wave split, 128 x 131072 1.04x a thread-block cluster per row).
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).
@@ -37,7 +38,7 @@ read from memory once while it fits in cache; the exp pass prefetches the next r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
@@ -64,17 +65,17 @@ _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vector
 # Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so
 # two blocks share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
 _STREAM_CACHE_BYTES = 110 << 10
-# Rows that no block holds on chip (float32 over ~290 KB) on sm_90+: a cluster split, each row over a thread-block
-# cluster of 1024-thread blocks that each hold their chunk on chip (one read of the input; the cluster makes a row's
-# blocks resident together, so the launch may take several waves). H100, same run (rerun/softmax-cluster/): float32
-# 128 x 131072 in 4 chunks of 512 threads 1.08x the streamed block per row (0.83 -> 0.90 of copy), the exchange in
-# distributed shared memory (tried, commit 762e0c7) level or slower. 2 chunks of 1024 threads against those 4, same
-# runs: H100 0.99x, 1.01x, 1.01x, 1.02x (rerun/softmax-cluster/, rerun/softmax-h100-cluster-4x512/,
-# rerun/softmax-h100-run2/, rejected/l2-hints-one-kernel/benchmark-h100-80gb-hbm3.log), then as the rule 0.99x / 1.01x
-# the 4 as a variant / the previous build (softmax-h100-80gb-hbm3.json); H200 1.04x
-# (rerun/softmax-h200-cluster-4x512/softmax-variants-h200.json), then as the rule 1.05x (softmax-variants-h200.json). At
-# most 4 blocks, 4 SMs a cluster as the 8 blocks of 512 threads took before: the same rows split.
-_CLUSTER_MAX = 4
+# On sm_90+, a split whose one wave of chunks is not held on chip (16 x 1M float32: 8 chunks of 512 KB, half of each
+# re-read from L2) and rows that no block holds on chip (float32 over ~290 KB, 128 x 131072: before, a thread-block
+# cluster of 2 blocks per row) take the ring (``ring_plan``): chunks of at most _RING_STEPS steps of a 1024-thread block
+# (256 KB: 3 in shared memory, the last in registers), over as many blocks as the SMs hold in the fewest turns (a
+# multiple of the chunks, so that a row's chunks are taken in the same turn; 128 x 131072: 128 blocks, not 132 in turns
+# of 66 and 62 rows, 1.03x), each block reading its next chunk while it writes the current. H100, three runs
+# (rerun/softmax-waves/), per-round medians against the rule before: 16 x 1M float32 1.081-1.083x (0.84 -> 0.90 of copy;
+# the same chunks in two waves of blocks without the ring 1.067-1.069x), 128 x 131072 float32 1.043-1.045x (0.91 ->
+# 0.95; without a cluster, in two waves, 1.00x). float16 rows that one wave holds on chip lost split further (128 KB
+# chunks in waves 0.87-0.89x, in the ring 0.83-0.85x): they stay as they are.
+_RING_STEPS = 4
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
 # arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no
 # longer fits in L2: +10 %); on the Intel Xeon (emeraldrapids), whose own prefetchers keep up with longer rows, up to
@@ -132,6 +133,7 @@ class CudaPlan:
     cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
     kept_exp: bool = True  # block kernel, streamed float16 / bfloat16 softmax: exp(x - m) kept on chip, not recomputed
     cluster: bool = False  # split (sm_90+): a row's chunks launched as one thread-block cluster (resident together)
+    grid: int = 0  # split: this many blocks, each taking chunks in turn, reading the next while writing the current
 
 
 def _ceil(a: int, b: int) -> int:
@@ -160,24 +162,34 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
         lanes = min(32, 1 << (_ceil(nvec, 4) - 1).bit_length())  # about 4 vectors per thread
         return CudaPlan(lanes, vec, _ceil(nvec, lanes), rows_per_block=max(1, 256 // lanes))
     row_bytes = cols * itemsize
+    ring = split and cuda_arch(arch)[0] >= 90
     if split and rows < sms // 2 and (row_bytes > _SPLIT_ROW_BYTES or rows * row_bytes >= _SPLIT_BYTES):
-        return split_plan(rows, cols, dtype, sms)  # (a block per row would leave most SMs idle)
+        plan = split_plan(rows, cols, dtype, sms)  # (a block per row would leave most SMs idle)
+        steps = _ceil(_ceil(softmax_tir.stream_vectors(cols, plan.vec), plan.chunks), plan.lanes * plan.per_thread)
+        return (ring and plan.cached + 1 < steps and ring_plan(rows, cols, dtype, sms)) or plan
     whole = _block_plan(nvec, vec, 1024)
     # (a row too long for the registers needs all 1024 lanes, so "more than 512 lanes" covers it)
     if vec < 16 // itemsize or whole.lanes > 512:
         touched = softmax_tir.stream_vectors(cols, 16 // itemsize)
-        chunks = _cluster_chunks(touched) if split and cuda_arch(arch)[0] >= 90 else 1
-        if chunks > 1:  # (a row no block holds on chip: clusters of blocks that do, a chunk each)
-            return replace(split_plan(rows, cols, dtype, sms, chunks), cluster=True)
+        if ring and touched > _on_chip_vectors(2 * _STREAM_LANES):  # (a row no block holds on chip)
+            return ring_plan(rows, cols, dtype, sms) or _stream_plan(rows, touched, 16 // itemsize, sms)
         return _stream_plan(rows, touched, 16 // itemsize, sms)
     return whole
 
 
-def _cluster_chunks(touched: int) -> int:
-    """Chunks of a cluster split for a row of ``touched`` 16-byte vectors: the fewest (a power of two, at most
-    ``_CLUSTER_MAX``) whose 1024-thread blocks each hold one on chip (1: one block holds the row), or 1 where none do."""
-    sizes = (1 << k for k in range(_CLUSTER_MAX.bit_length()))
-    return next((c for c in sizes if _ceil(touched, c) <= _on_chip_vectors(2 * _STREAM_LANES)), 1)
+def ring_plan(rows: int, cols: int, dtype: str, sms: int) -> CudaPlan | None:
+    """The ring split (``_RING_STEPS``): rows in the fewest chunks a 1024-thread block holds on chip, over a grid of
+    blocks that take them in the fewest turns; None where one block holds a row or a row needs more chunks than
+    there are SMs."""
+    vec = 16 // (tvm.DataType(dtype).bits // 8)
+    touched, step = softmax_tir.stream_vectors(cols, vec), 2 * _STREAM_LANES * _STREAM_VECTORS
+    chunks = _ceil(touched, _RING_STEPS * step)
+    if not 1 < chunks <= sms:
+        return None
+    turns = _ceil(rows * chunks, sms // chunks * chunks)
+    steps = _ceil(_ceil(touched, chunks), step)  # (>= 3: a chunk is over half the _RING_STEPS)
+    return CudaPlan(2 * _STREAM_LANES, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=steps - 1,
+                    kept_exp=False, grid=_ceil(_ceil(rows * chunks, turns), chunks) * chunks)
 
 
 def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = None) -> CudaPlan:
@@ -245,7 +257,8 @@ def schedule_cuda(rows: int, cols: int, dtype: str, kind: str, plan: CudaPlan) -
     """The CUDA schedule of ``plan`` (``cuda_plan``) for a [rows, cols] softmax."""
     if plan.cache == "l2" or plan.lanes > 32:  # the block kernel, a kernel already: nothing to schedule
         return _schedule(softmax_tir.cuda_stream(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread,
-                                                 plan.cached, plan.chunks, plan.kept_exp, plan.cluster), kind)
+                                                 plan.cached, plan.chunks, plan.kept_exp, plan.cluster,
+                                                 plan.grid), kind)
     sch = _schedule(softmax_tir.cuda_rows(rows, cols, dtype, kind, plan.lanes, plan.vec, plan.per_thread), kind)
     r = sch.get_loops(sch.get_sblock("store"))[0]
     bx, ty = sch.split(r, [None, plan.rows_per_block])

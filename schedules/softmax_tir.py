@@ -207,7 +207,7 @@ def stream_vectors(cols: int, vec: int) -> int:
 
 
 def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: int, per_thread: int, cached: int = 0,
-                chunks: int = 1, kept_exp: bool = True, cluster: bool = False):
+                chunks: int = 1, kept_exp: bool = True, cluster: bool = False, grid: int = 0):
     """Block-per-row softmax, a CUDA kernel (not a definition to schedule): one block of ``lanes`` threads per row
     (or per each of its ``chunks``), reading it in steps of ``per_thread`` vectors per thread. Pass 1 keeps an
     online (max, sum of exp) per thread, merged across the block; pass 2 normalises and writes.
@@ -236,12 +236,19 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       itself, so it stays correct, if slow, on a GPU with fewer SMs than planned for. ``cluster`` (sm_90+): a row's
       blocks are launched as one thread-block cluster, which the GPU schedules all at once, so that they are resident
       together however many blocks the launch has (several waves of rows); the exchange is the same.
+    - ``grid`` > 0 (a split whose chunks stay on chip: ``cached`` steps and the last in registers): ``grid`` blocks,
+      all resident, each taking items (a chunk of a row) ``blockIdx.x + k * grid`` in turn (a multiple of ``chunks``,
+      so that a row's chunks are all taken in the same turn); while pass 2 writes an item's cached steps, their
+      shared memory takes the block's next item's (cp.async), so that a block reads its next chunk while it writes
+      the current one, where blocks in waves read only once they start.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
     element by element. A step's groups of vectors that lie wholly past the row are skipped (block-uniform).
     """
     L, V, U, W, P = lanes, vec, per_thread, lanes // 32, chunks
+    N = rows * P  # items: a block's row or chunk of a row
+    G = grid or N  # blocks launched
     TW = min(W, -(-P // 32))  # split: warps that take the row's partials, a lane each (in turns if fewer)
     assert L % 32 == 0 and L <= 1024, L
     touched = stream_vectors(cols, V)
@@ -250,8 +257,11 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     keep_exp = resident and kind == "softmax"
     kept16 = kept_exp and not resident and kind == "softmax" and tvm.DataType(dtype).bits == 16  # (docstring)
     C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
+    ring = grid > 0  # (docstring)
+    assert not ring or (P > 1 and not cluster and not kept16 and C > 0 and steps == C + 1 and grid % P == 0), grid
     keep_shape = (C, U, L, V) if C else (1,)
     name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
+    name += f"_g{G}" if ring else ""
     split_src = _split_src(name, rows * P) if P > 1 else ""
     f32, neg_inf = ACC, T.float32("-inf")
 
@@ -380,7 +390,22 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 xv[u, v] = xs[u, v]
 
     @T.macro
-    def pass1(xv, xs, ev, st, ms, keep, xf, r, c, tx):
+    def request(keep, xf, r, c, i, tx):
+        """Chunk ``c``'s cached step i into keep[i], one cp.async group."""
+        it = T.meta_var(c * steps + i)
+        for u in T.unroll(U):
+            if live(it, u):
+                if whole(r, it, u, tx):
+                    T.ptx["cp.async.cg.shared.global"](
+                        keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
+                else:  # a row end: its own elements, -inf for the neighbours'
+                    for v in T.unroll(V):
+                        keep[i, u, tx, v] = T.if_then_else(
+                            mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], _neg_inf(dtype))
+        T.ptx.cp.async_.commit_group()
+
+    @T.macro
+    def pass1(xv, xs, ev, st, ms, keep, xf, r, c, tx, requested):
         """(st[0], st[1]) <- this thread's online (max, sum) over chunk ``c``. The first C steps go to ``keep``,
         all of them requested at once (cp.async, one group per step), and the next step into xv registers
         before the first is waited for: a block has all that in flight, not one step's loads at a time.
@@ -388,18 +413,9 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         st[0] = neg_inf
         st[1] = T.float32(0)
         if C > 0:  # (a parse-time branch: keep has no step axis without cached steps)
-            for i in T.unroll(C):
-                it = T.meta_var(c * steps + i)
-                for u in T.unroll(U):
-                    if live(it, u):
-                        if whole(r, it, u, tx):
-                            T.ptx["cp.async.cg.shared.global"](
-                                keep.ptr_to([i, u, tx, 0]), xf.ptr_to([start(r, it, u, tx)]), 16, T.uint32(16))
-                        else:  # a row end: its own elements, -inf for the neighbours'
-                            for v in T.unroll(V):
-                                keep[i, u, tx, v] = T.if_then_else(
-                                    mine(r, it, u, tx, v), xf[start(r, it, u, tx) + v], _neg_inf(dtype))
-                T.ptx.cp.async_.commit_group()
+            if not requested:  # (``ring``: the item before requested them)
+                for i in T.unroll(C):
+                    request(keep, xf, r, c, i, tx)
         if C < steps:
             move(xv, xf, r, c * steps + C, tx, True)
         if C > 0:
@@ -428,8 +444,10 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             absorb(xv, ev, st, c * steps + steps - 1, True)
 
     @T.macro
-    def pass2(xv, xs, ev, st, ms, keep, xf, yf, r, c, tx):
-        """Chunk ``c`` normalised with the row's (max, sum) in (st[0], st[1]) and written; st[5]: own max."""
+    def pass2(xv, xs, ev, st, ms, keep, xf, yf, r, c, tx, nb):
+        """Chunk ``c`` normalised with the row's (max, sum) in (st[0], st[1]) and written; st[5]: own max. ``ring``:
+        the last step (in registers) first, then the cached ones in order, each's shared memory then taking the
+        block's next item ``nb``'s (if any) in the order pass 1 waits for them."""
         st[0] = nonzero(st[0])
         st[1] = T.log(st[1]) if kind == "log_softmax" else T.float32(1) / st[1]
         if keep_exp:  # exp(x - row max) / sum = exp(x - own max) * [exp(own max - row max) / sum]
@@ -441,7 +459,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             move(xv, yf, r, 0, tx, False)
         else:
             for ti in T.serial(steps):  # last step first
-                i = T.meta_var(steps - 1 - ti)
+                i = T.meta_var(T.if_then_else(ti == 0, steps - 1, ti - 1) if ring else steps - 1 - ti)
                 it = T.meta_var(c * steps + i)
                 if C > 0 and i < C:
                     for u in T.unroll(U):
@@ -461,6 +479,9 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                             xv[u, v] = T.Cast(dtype, T.Cast(f32, xv[u, v]) * st[2])
                 else:
                     normalize(xv, st)
+                if ring:  # (after normalize has used the values read from keep[i])
+                    if ti > 0 and nb < N:
+                        request(keep, xf, nb // P, nb % P, i, tx)
                 move(xv, yf, r, it, tx, False)
 
     @T.macro
@@ -511,8 +532,8 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
             merge(st, red, tx)
 
     @T.macro
-    def block(xf, yf, b):
-        """Block b: its row's (or chunk's) two passes."""
+    def block(xf, yf, bx):
+        """Block bx: its row's (or chunk's) two passes (``ring``: its items', in turn)."""
         for tx in T.thread_binding(L, thread="threadIdx.x"):
             with T.sblock("softmax_stream"):
                 T.reads()
@@ -532,29 +553,31 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
                 came = T.alloc_buffer((TW,), "uint64", scope="shared")
                 epoch = T.alloc_buffer((1,), "uint64", scope="shared")
                 tick = T.alloc_buffer((2,), "uint64", scope="local")  # split: the epoch; whether all came
-                if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
-                    tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
-                                               return_type="uint64")
-                pass1(xv, xs, ev, st, ms, keep, xf, b // P, b % P, tx)
-                st[5] = st[0]
-                if P > 1 and tx == 0:  # (for the taking warps, behind the block merge's barriers)
-                    epoch[0] = tick[0]
-                merge(st, red, tx)
-                if P > 1:
-                    exchange(st, xs, ev, red, xch, came, epoch, tick, xf, b // P, b, tx)
-                pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx)
+                for k in T.serial((N - 1 - bx) // G + 1):  # (a loop, not a condition: TVM puts no barrier in one)
+                    b = T.meta_var(bx + k * G)
+                    if P > 1 and tx == 0:  # (the split: the launch's epoch, fetched while pass 1 runs)
+                        tick[0] = T.cuda.func_call(f"tvmpipe_split_{name}_arrive", source_code=split_src,
+                                                   return_type="uint64")
+                    pass1(xv, xs, ev, st, ms, keep, xf, b // P, b % P, tx, ring and k > 0)
+                    st[5] = st[0]
+                    if P > 1 and tx == 0:  # (for the taking warps, behind the block merge's barriers)
+                        epoch[0] = tick[0]
+                    merge(st, red, tx)
+                    if P > 1:
+                        exchange(st, xs, ev, red, xch, came, epoch, tick, xf, b // P, b, tx)
+                    pass2(xv, xs, ev, st, ms, keep, xf, yf, b // P, b % P, tx, b + G)
 
     @T.prim_func(s_tir=True)
     def func(x: T.Buffer((rows, cols), dtype), y: T.Buffer((rows, cols), dtype)):
         T.func_attr({"tirx.noalias": True})
         xf = T.decl_buffer((rows * cols,), dtype, data=x.data)
         yf = T.decl_buffer((rows * cols,), dtype, data=y.data)
-        for b in T.thread_binding(rows * P, thread="blockIdx.x"):
+        for bx in T.thread_binding(G, thread="blockIdx.x"):
             if cluster:  # (a parse-time branch; blockIdx.x still counts blocks, the rank is b % P)
                 for _rank in T.thread_binding(P, thread="clusterCtaIdx.x"):
-                    block(xf, yf, b)
+                    block(xf, yf, bx)
             else:
-                block(xf, yf, b)
+                block(xf, yf, bx)
 
     return func
 

@@ -186,6 +186,26 @@ def test_cuda_stream_cluster_emulated(rng, kind):
     assert bad == 0, f"{bad} elements off (max err {err:.2e})"
 
 
+@pytest.mark.parametrize("rows, cols, dtype, grid", [(5, 1001, "float32", 4), (4, 1025, "float16", 4)])
+@pytest.mark.parametrize("kind", S.KINDS)
+def test_cuda_stream_ring_emulated(rng, rows, cols, dtype, grid, kind):
+    """A split over ``grid`` blocks that take their chunks in turn (``CudaPlan.grid``), pass 2 of each requesting the
+    block's next chunk into the shared memory it has just written out: launched over ``grid`` blocks, and each
+    turn's chunk the right one, where the turns do not divide the chunks (10 on 4 blocks; emulated: blocks one after
+    another, so each finds its partner's partial missing and reads the row itself for the (max, sum), but pass 2
+    writes what the turn before requested); rows ending mid-vector."""
+    vec = 16 // np.dtype(dtype).itemsize
+    plan = S.CudaPlan(32, vec, 2, cache="l2", cached=1, chunks=2, kept_exp=False, grid=grid)
+    func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
+    target = targets.resolve("cuda-sm90").target
+    assert cuda_emu.launch_config(cuda_emu.host_script(func, target), "emu_kernel")[0] == (grid, 1, 1)
+    x = sample(rows, cols, dtype, rng)
+    arrays = {"xf": x, "yf": np.full_like(x, np.nan)}
+    cuda_emu.run(func, target, arrays)
+    bad, err = mismatches(arrays["yf"], x, kind)
+    assert bad == 0, f"{bad} elements off (max err {err:.2e})"
+
+
 def test_kernel_macros_expand_without_stack_inspection(monkeypatch):
     """TVMScript finds the parser expanding a macro by walking frames (``schedules._find_parser_def``), not with
     ``inspect.getouterframes``, which builds every frame's source context for each of a kernel's dozens of macro
@@ -201,12 +221,13 @@ def test_cuda_stream_plan_choice():
     """Rows breaking 16-byte alignment, too long for one block's registers or needing a block of more than 512
     threads stream, in 16-byte vectors: two blocks per SM, each caching up to 110 KB of its row; where there are
     no more rows than SMs, or where only that holds the row on chip (201 KB), one block per SM with up to 1024
-    threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks; rows too long
-    for any block's chip split over a thread-block cluster."""
+    threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks; on sm_90, rows
+    too long for any block's chip, and split rows whose one wave of chunks is not held on chip, split into on-chip
+    chunks over a ring of blocks taking them in equal turns."""
     for rows, cols, dtype, lanes in ((4096, 50257, "float32", 1024), (4096, 50257, "float16", 512),
                                      (133, 16385, "float32", 512), (128, 131072, "float16", 1024),
                                      (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
-                                     (128, 524288, "float32", 1024), (132, 16385, "float32", 1024)):
+                                     (132, 16385, "float32", 1024)):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
         assert (plan.cache, plan.vec * np.dtype(dtype).itemsize, plan.chunks, plan.lanes) == ("l2", 16, 1, lanes), \
             (rows, cols, dtype, plan)
@@ -216,20 +237,26 @@ def test_cuda_stream_plan_choice():
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
         assert plan.cache == "local" and plan.lanes > 32 and plan.chunks == 1, (rows, cols, dtype, plan)
         assert plan.lanes * plan.per_thread >= softmax_tir.stream_vectors(cols, plan.vec), plan  # one step
-    for rows, cols, dtype in ((16, 1 << 20, "float32"), (65, 131072, "float16"), (1, 1 << 20, "float32"),
+    for rows, cols, dtype in ((16, 1 << 20, "float16"), (65, 131072, "float16"), (1, 1 << 20, "float32"),
                               (8, 128256, "float32")):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")  # as many blocks as SMs (all resident), 16-byte vectors
         assert 132 - rows < plan.chunks * rows <= 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, plan)
-    # rows no block holds on chip (float32 over 290 KB) on sm_90: clusters of 1024-thread blocks holding a chunk each,
-    # up to 4 (2 MB rows: none fits, they stream); not before sm_90
-    for rows, cols, chunks in ((128, 131072, 2), (257, 131073, 2), (66, 262144, 4), (4096, 80000, 2)):
+    # on sm_90, rows no block holds on chip (float32 over 290 KB) and split rows whose one wave of chunks would not
+    # stay on chip (16 x 1M float32: 8 of 512 KB): the ring, 1024-thread blocks each holding a chunk (its cached steps
+    # and the last in registers), at most as many blocks as the SMs hold, a multiple of the chunks, in the fewest
+    # turns; not before sm_90, nor where a row needs more chunks than there are SMs (one 64 MB row)
+    for rows, cols, chunks, grid in ((128, 131072, 2, 128), (257, 131073, 3, 129), (66, 262144, 4, 132),
+                                     (4096, 80000, 2, 132), (128, 524288, 8, 128), (16, 1 << 20, 16, 128)):
         plan = S.cuda_plan(rows, cols, "float32", "sm_90")
-        assert (plan.chunks, plan.cluster, plan.lanes) == (chunks, True, 1024), (rows, cols, plan)
-        assert plan.cached * plan.lanes * plan.per_thread * 16 <= 220 << 10, plan
-        # a chunk's vectors within the cache and one step in registers
-        assert -(-softmax_tir.stream_vectors(cols, 4) // chunks) <= (220 << 10) // 16 + plan.lanes * plan.per_thread
-        assert not S.cuda_plan(rows, cols, "float32", "sm_80").cluster
-    assert not S.cuda_plan(128, 524288, "float32", "sm_90").cluster
+        assert (plan.chunks, plan.grid, plan.lanes, plan.cluster) == (chunks, grid, 1024, False), (rows, cols, plan)
+        step = plan.lanes * plan.per_thread
+        assert plan.cached * step * 16 <= 220 << 10, plan
+        steps = -(-(-(-softmax_tir.stream_vectors(cols, 4) // chunks)) // step)
+        assert steps == plan.cached + 1, plan
+        turns = -(-rows * chunks // grid)  # the fewest turns, and the fewest blocks that take them
+        assert turns == -(-rows * chunks // (132 // chunks * chunks)) and turns * (grid - chunks) < rows * chunks, plan
+        assert not S.cuda_plan(rows, cols, "float32", "sm_80").grid
+    assert not S.cuda_plan(1, 1 << 24, "float32", "sm_90").grid
     # a few rows of a vocabulary: 16 KB chunks, fewer than the SMs; rows of up to 64 KB are not split
     for rows, cols, dtype, chunks in ((1, 50257, "float32", 13), (5, 50257, "float16", 7), (1, 128256, "float16", 16),
                                       (1, 16384, "float32", 1), (1, 32768, "float16", 1), (1, 16385, "float32", 5)):
@@ -242,7 +269,7 @@ def test_cuda_stream_plan_choice():
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 1024, "bfloat16", "warp"),
      (4096, 4096, "float32", "block"), (512, 4096, "bfloat16", "block"),
      (1024, 16384, "float16", "block"), (128, 131072, "float16", "block"), (1024, 32768, "float16", "block"),
-     (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split")],
+     (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split"), (16, 1 << 20, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
     """Compile for sm_90 and read the CUDA source: one kernel, 128-bit accesses, shuffles, the bare ex2 for every
