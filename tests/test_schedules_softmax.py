@@ -223,7 +223,7 @@ def test_cuda_stream_plan_choice():
     no more rows than SMs, or where only that holds the row on chip (201 KB), one block per SM with up to 1024
     threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks; on sm_90, rows
     too long for any block's chip, and split rows whose one wave of chunks is not held on chip, split into on-chip
-    chunks over a ring of blocks taking them in equal turns."""
+    chunks over a ring of blocks taking them in the fewest turns."""
     for rows, cols, dtype, lanes in ((4096, 50257, "float32", 1024), (4096, 50257, "float16", 512),
                                      (133, 16385, "float32", 512), (128, 131072, "float16", 1024),
                                      (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
