@@ -133,7 +133,7 @@ class CudaPlan:
     cached: int = 0  # block kernel: a row's first steps also kept in shared memory (not re-read from L2)
     kept_exp: bool = True  # block kernel, streamed float16 / bfloat16 softmax: exp(x - m) kept on chip, not recomputed
     cluster: bool = False  # split (sm_90+): a row's chunks launched as one thread-block cluster (resident together)
-    grid: int = 0  # split: this many blocks, each taking chunks in turn, reading the next while writing the current
+    grid: int = 0  # block kernel: this many blocks, taking rows or chunks in turn, reading the next while writing one
 
 
 def _ceil(a: int, b: int) -> int:

@@ -236,11 +236,11 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
       itself, so it stays correct, if slow, on a GPU with fewer SMs than planned for. ``cluster`` (sm_90+): a row's
       blocks are launched as one thread-block cluster, which the GPU schedules all at once, so that they are resident
       together however many blocks the launch has (several waves of rows); the exchange is the same.
-    - ``grid`` > 0 (a split whose chunks stay on chip: ``cached`` steps and the last in registers): ``grid`` blocks,
-      all resident, each taking items (a chunk of a row) ``blockIdx.x + k * grid`` in turn (a multiple of ``chunks``,
-      so that a row's chunks are all taken in the same turn); while pass 2 writes an item's cached steps, their
-      shared memory takes the block's next item's (cp.async), so that a block reads its next chunk while it writes
-      the current one, where blocks in waves read only once they start.
+    - ``grid`` > 0 (rows or chunks that stay on chip: ``cached`` steps and the last in registers): ``grid`` blocks,
+      each taking items (a row, or a chunk of one) ``blockIdx.x + k * grid`` in turn (split: all resident, a multiple
+      of ``chunks``, so that a row's chunks are all taken in the same turn); while pass 2 writes an item's cached
+      steps, their shared memory takes the block's next item's (cp.async), so that a block reads its next item while
+      it writes the current one, where blocks in waves read only once they start.
 
     The row is read as the ``vec``-aligned vectors of the flat tensor that cover it, so an odd row length (50257)
     still gets 128-bit accesses; the vectors at its ends, shared with the neighbouring rows, are read and written
@@ -258,7 +258,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
     kept16 = kept_exp and not resident and kind == "softmax" and tvm.DataType(dtype).bits == 16  # (docstring)
     C = 0 if resident else min(cached, steps)  # a chunk's steps < C are kept in shared memory
     ring = grid > 0  # (docstring)
-    assert not ring or (P > 1 and not cluster and not kept16 and C > 0 and steps == C + 1 and grid % P == 0), grid
+    assert not ring or (not cluster and not kept16 and C > 0 and steps == C + 1 and grid % P == 0), grid
     keep_shape = (C, U, L, V) if C else (1,)
     name = f"{rows}x{cols}_{dtype}_{kind}_{L}x{U}x{V}_{P}_{C}"  # the split's helpers, by what makes the kernel
     name += f"_g{G}" if ring else ""

@@ -186,16 +186,17 @@ def test_cuda_stream_cluster_emulated(rng, kind):
     assert bad == 0, f"{bad} elements off (max err {err:.2e})"
 
 
-@pytest.mark.parametrize("rows, cols, dtype, grid", [(5, 1001, "float32", 4), (4, 1025, "float16", 4)])
+@pytest.mark.parametrize("rows, cols, dtype, chunks, grid", [(5, 1001, "float32", 2, 4), (4, 1025, "float16", 2, 4),
+                                                          (5, 501, "float32", 1, 2)])
 @pytest.mark.parametrize("kind", S.KINDS)
-def test_cuda_stream_ring_emulated(rng, rows, cols, dtype, grid, kind):
+def test_cuda_stream_ring_emulated(rng, rows, cols, dtype, chunks, grid, kind):
     """A split over ``grid`` blocks that take their chunks in turn (``CudaPlan.grid``), pass 2 of each requesting the
     block's next chunk into the shared memory it has just written out: launched over ``grid`` blocks, and each
     turn's chunk the right one, where the turns do not divide the chunks (10 on 4 blocks; emulated: blocks one after
     another, so each finds its partner's partial missing and reads the row itself for the (max, sum), but pass 2
-    writes what the turn before requested); rows ending mid-vector."""
+    writes what the turn before requested); rows ending mid-vector; and whole rows in turn (5 on 2 blocks)."""
     vec = 16 // np.dtype(dtype).itemsize
-    plan = S.CudaPlan(32, vec, 2, cache="l2", cached=1, chunks=2, kept_exp=False, grid=grid)
+    plan = S.CudaPlan(32, vec, 2, cache="l2", cached=1, chunks=chunks, kept_exp=False, grid=grid)
     func = S.schedule_cuda(rows, cols, dtype, kind, plan).mod["main"]
     target = targets.resolve("cuda-sm90").target
     assert cuda_emu.launch_config(cuda_emu.host_script(func, target), "emu_kernel")[0] == (grid, 1, 1)
