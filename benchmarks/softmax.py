@@ -698,6 +698,17 @@ def few_rows_table(path: Path) -> str:
     return "\n".join(rows)
 
 
+def experiment(script: str, shapes: list[tuple[int, int]], variants: list[tuple[int, int, str, dict]]) -> int:
+    """An experiment script's command line: ``main`` on ``shapes`` alone (no few-rows shapes, no odd-size checks but a
+    split's, which ``run`` takes even where it skips checks) with ``variants`` (rows, cols, dtype, CudaPlan fields) in
+    place of VARIANTS, built into build/gpu/<the script's folder>."""
+    global BUILD, GPU_SHAPES, FEW_ROWS_SHAPES, CHECK_COLS, PLAN_SHAPES, VARIANTS
+    BUILD = REPO / "build" / "gpu" / Path(script).resolve().parent.name
+    GPU_SHAPES, FEW_ROWS_SHAPES, VARIANTS = list(shapes), [], list(variants)
+    CHECK_COLS, PLAN_SHAPES = (), ((5, 1 << 20),)
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group(required=True)

@@ -19,12 +19,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import softmax as S  # noqa: E402
 
-S.BUILD = REPO / "build" / "gpu" / Path(__file__).parent.name
-S.GPU_SHAPES, S.FEW_ROWS_SHAPES = [(16, 1 << 20)], []
-S.CHECK_COLS, S.PLAN_SHAPES = (), ((5, 1 << 20),)  # (run() takes a split's check case even where it skips checks)
 _F32 = {"lanes": 1024, "vec": 4, "per_thread": 4, "cache": "l2", "cached": 3, "kept_exp": False, "cluster": True}
-S.VARIANTS = [(16, 1 << 20, "float32", _F32 | {"chunks": 16}), (16, 1 << 20, "float32", _F32 | {"chunks": 8}),
-              (16, 1 << 20, "float16", _F32 | {"vec": 8, "chunks": 16, "cached": 1})]
+VARIANTS = [(16, 1 << 20, "float32", _F32 | {"chunks": 16}), (16, 1 << 20, "float32", _F32 | {"chunks": 8}),
+            (16, 1 << 20, "float16", _F32 | {"vec": 8, "chunks": 16, "cached": 1})]
 
 if __name__ == "__main__":
-    S.main()
+    S.experiment(__file__, [(16, 1 << 20)], VARIANTS)

@@ -21,9 +21,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import softmax as S  # noqa: E402
 from schedules.softmax import cuda_plan  # noqa: E402
 
-S.BUILD = REPO / "build" / "gpu" / Path(__file__).parent.name
-S.GPU_SHAPES, S.FEW_ROWS_SHAPES = [(1024, 32768), (4096, 50257)], []
-S.CHECK_COLS, S.PLAN_SHAPES = (), ((5, 1 << 20),)  # (run() takes a split's check case even where it skips checks)
+SHAPES = [(1024, 32768), (4096, 50257)]
 
 
 def _ring(rows: int, cols: int, dtype: str) -> dict:
@@ -31,7 +29,5 @@ def _ring(rows: int, cols: int, dtype: str) -> dict:
     return dataclasses.asdict(plan) | {"grid": 132 * 1024 // plan.lanes}  # (one 1024-thread block or two of 512 an SM)
 
 
-S.VARIANTS = [(r, c, dt, _ring(r, c, dt)) for r, c in S.GPU_SHAPES for dt in ("float32", "float16")]
-
 if __name__ == "__main__":
-    S.main()
+    S.experiment(__file__, SHAPES, [(r, c, dt, _ring(r, c, dt)) for r, c in SHAPES for dt in ("float32", "float16")])

@@ -26,12 +26,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import softmax as S  # noqa: E402
 
-S.BUILD = REPO / "build" / "gpu" / Path(__file__).parent.name
-S.GPU_SHAPES, S.FEW_ROWS_SHAPES = [(128, 131072), (16, 1 << 20)], []
-S.CHECK_COLS, S.PLAN_SHAPES = (), ((5, 1 << 20),)  # (run() takes a split's check case even where it skips checks)
 _SPLIT = {"vec": 4, "per_thread": 4, "cache": "l2", "kept_exp": False}
 _H, _F = {"vec": 8}, {"lanes": 1024}  # float16 vectors; 1024-thread blocks
-S.VARIANTS = [
+VARIANTS = [
     (16, 1 << 20, "float32", _SPLIT | _F | {"chunks": 16, "cached": 3}),
     (16, 1 << 20, "float32", _SPLIT | {"lanes": 512, "chunks": 32, "cached": 3}),
     (16, 1 << 20, "float32", _SPLIT | _F | {"chunks": 32, "cached": 1}),
@@ -49,4 +46,4 @@ S.VARIANTS = [
 ]
 
 if __name__ == "__main__":
-    S.main()
+    S.experiment(__file__, [(128, 131072), (16, 1 << 20)], VARIANTS)
