@@ -10,9 +10,10 @@ of 1024 threads (four waves); float16 in 16 chunks of 1024 threads; 128 x 131072
 without the cluster (2 chunks of 1024 threads) and in 4 chunks of 512; float16 in 2 chunks of 1024 threads. And
 the same splits of 1024-thread blocks as a persistent ring (``grid``: 128 or 132 blocks, all resident, each taking its
 chunks in turn and reading the next while it writes the current one; no reliance on the dispatch order).
-Added after the three runs, not yet timed: the ring of 512-thread blocks, two per SM (32 chunks of 128 KB, 256 blocks),
-which the waves of such blocks (1.078x) suggest. Re-run now, `tvmpipe` is the ring rule (the runs here timed the
-rule before it).
+Added after the three runs: the ring of 512-thread blocks, two per SM (32 chunks of 128 KB, 256 blocks), which the
+waves of such blocks (1.078x) suggest. Run 4 (H100, `tvmpipe` now the ring rule; runs 1-3 timed the rule before it):
+that ring 1.030x the ring rule (0.90 -> 0.93 of copy), the ring rule's own chunks as a variant 0.998x / 0.999x; taken
+further in rerun/softmax-ring512/.
 
     python3 benchmarks/results/rerun/softmax-waves/experiment.py --build                                        # here
     python3 benchmarks/results/rerun/softmax-waves/experiment.py --run --shapes 16x1048576 128x131072 --out DIR  # GPU
