@@ -65,16 +65,20 @@ _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vector
 # Block kernel: shared memory its row caches may take per block of 512 threads: half an SM's (sm_90: 228 KB), so
 # two blocks share an SM (one's reductions overlap the other's loads) and the rest of their rows in flight fits L2.
 _STREAM_CACHE_BYTES = 110 << 10
-# On sm_90+, a split whose one wave of chunks is not held on chip (16 x 1M float32: 8 chunks of 512 KB, half of each
-# re-read from L2) and rows that no block holds on chip (float32 over ~290 KB, 128 x 131072: before, a thread-block
-# cluster of 2 blocks per row) take the ring (``ring_plan``): chunks of at most _RING_STEPS steps of a 1024-thread block
-# (256 KB: 3 in shared memory, the last in registers), over as many blocks as the SMs hold in the fewest turns (a
-# multiple of the chunks, so that a row's chunks are taken in the same turn; 128 x 131072: 128 blocks, not 132 in turns
-# of 66 and 62 rows, 1.03x), each block reading its next chunk while it writes the current. H100, three runs
-# (rerun/softmax-waves/), per-round medians against the rule before: 16 x 1M float32 1.081-1.083x (0.84 -> 0.90 of copy;
-# the same chunks in two waves of blocks without the ring 1.067-1.069x), 128 x 131072 float32 1.043-1.045x (0.91 ->
-# 0.95; without a cluster, in two waves, 1.00x). float16 rows that one wave holds on chip lost split further (128 KB
-# chunks in waves 0.87-0.89x, in the ring 0.83-0.85x): they stay as they are.
+# On sm_90+, rows that no block holds on chip (float32 over ~290 KB, 128 x 131072: before, a thread-block cluster of 2
+# blocks per row) and a split whose one wave of chunks is not held on chip take the ring (``ring_plan``): chunks of at
+# most _RING_STEPS steps of a 1024-thread block (256 KB: 3 in shared memory, the last in registers), over as many blocks
+# as the SMs hold in the fewest turns (a multiple of the chunks, so that a row's chunks are taken in the same turn;
+# 128 x 131072: 128 blocks, not 132 in turns of 66 and 62 rows, 1.03x), each block reading its next chunk while it
+# writes the current. H100, three runs (rerun/softmax-waves/), per-round medians against the rule before: 16 x 1M float32
+# 1.081-1.083x (0.84 -> 0.90 of copy; the same chunks in two waves of blocks without the ring 1.067-1.069x), 128 x
+# 131072 float32 1.043-1.045x (0.91 -> 0.95; without a cluster, in two waves, 1.00x). Where the plan would be one wave
+# of 1024-thread blocks, one per SM (the split, and rows only such a block holds), the ring of 512-thread blocks, two
+# per SM, over chunks of _RING_STEPS steps of 32 KB, wherever they fill both of an SM's slots: one block's exchange and
+# barriers overlap the other's streaming. H100, per-round medians against the rule before (rerun/softmax-waves/ run 4,
+# rerun/softmax-ring512/ two runs): 16 x 1M float32 1.025-1.030x (0.90 -> 0.92 of copy), float16 (one turn, without the
+# kept exponentials) 16 x 1M 1.014-1.015x, 128 x 131072 1.011-1.012x. Rows no block holds keep 1024 threads: 128 x
+# 131072 float32 in 4 chunks of 128 KB 0.985-0.988x its 2 of 256 KB. (float16 in 64 KB chunks lost: 0.91-0.93x.)
 _RING_STEPS = 4
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
 # arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no
@@ -166,30 +170,42 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
     if split and rows < sms // 2 and (row_bytes > _SPLIT_ROW_BYTES or rows * row_bytes >= _SPLIT_BYTES):
         plan = split_plan(rows, cols, dtype, sms)  # (a block per row would leave most SMs idle)
         steps = _ceil(_ceil(softmax_tir.stream_vectors(cols, plan.vec), plan.chunks), plan.lanes * plan.per_thread)
-        return (ring and plan.cached + 1 < steps and ring_plan(rows, cols, dtype, sms)) or plan
+        wide = plan.lanes == 2 * _STREAM_LANES
+        return (ring and ((wide and _paired_ring(rows, cols, dtype, sms))
+                          or (plan.cached + 1 < steps and ring_plan(rows, cols, dtype, sms)))) or plan
     whole = _block_plan(nvec, vec, 1024)
     # (a row too long for the registers needs all 1024 lanes, so "more than 512 lanes" covers it)
     if vec < 16 // itemsize or whole.lanes > 512:
         touched = softmax_tir.stream_vectors(cols, 16 // itemsize)
         if ring and touched > _on_chip_vectors(2 * _STREAM_LANES):  # (a row no block holds on chip)
             return ring_plan(rows, cols, dtype, sms) or _stream_plan(rows, touched, 16 // itemsize, sms)
-        return _stream_plan(rows, touched, 16 // itemsize, sms)
+        plan = _stream_plan(rows, touched, 16 // itemsize, sms)
+        return (ring and plan.kept_exp and plan.lanes == 2 * _STREAM_LANES and _paired_ring(rows, cols, dtype, sms)) \
+            or plan
     return whole
 
 
-def ring_plan(rows: int, cols: int, dtype: str, sms: int) -> CudaPlan | None:
-    """The ring split (``_RING_STEPS``): rows in the fewest chunks a 1024-thread block holds on chip, over a grid of
-    blocks that take them in the fewest turns; None where one block holds a row or a row needs more chunks than
-    there are SMs."""
+def ring_plan(rows: int, cols: int, dtype: str, sms: int, lanes: int = 2 * _STREAM_LANES) -> CudaPlan | None:
+    """The ring split (``_RING_STEPS``): rows in the fewest chunks a block of ``lanes`` threads holds on chip, over a
+    grid of blocks (1024 // ``lanes`` per SM) that take them in the fewest turns; None where one block holds a row or
+    a row needs more chunks than the SMs hold blocks."""
     vec = 16 // (tvm.DataType(dtype).bits // 8)
-    touched, step = softmax_tir.stream_vectors(cols, vec), 2 * _STREAM_LANES * _STREAM_VECTORS
+    slots = sms * (2 * _STREAM_LANES // lanes)
+    touched, step = softmax_tir.stream_vectors(cols, vec), lanes * _STREAM_VECTORS
     chunks = _ceil(touched, _RING_STEPS * step)
-    if not 1 < chunks <= sms:
+    if not 1 < chunks <= slots:
         return None
-    turns = _ceil(rows * chunks, sms // chunks * chunks)
+    turns = _ceil(rows * chunks, slots // chunks * chunks)
     steps = _ceil(_ceil(touched, chunks), step)  # (>= 3: a chunk is over half the _RING_STEPS)
-    return CudaPlan(2 * _STREAM_LANES, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=steps - 1,
-                    kept_exp=False, grid=_ceil(_ceil(rows * chunks, turns), chunks) * chunks)
+    return CudaPlan(lanes, vec, _STREAM_VECTORS, cache="l2", chunks=chunks, cached=steps - 1, kept_exp=False,
+                    grid=_ceil(_ceil(rows * chunks, turns), chunks) * chunks)
+
+
+def _paired_ring(rows: int, cols: int, dtype: str, sms: int) -> CudaPlan | None:
+    """The ring of 512-thread blocks, two per SM, where it fills both (``_RING_STEPS``): for one wave of 1024-thread
+    blocks."""
+    plan = ring_plan(rows, cols, dtype, sms, _STREAM_LANES)
+    return plan if plan and plan.grid > sms else None
 
 
 def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = None) -> CudaPlan:

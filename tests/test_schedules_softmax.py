@@ -224,9 +224,10 @@ def test_cuda_stream_plan_choice():
     no more rows than SMs, or where only that holds the row on chip (201 KB), one block per SM with up to 1024
     threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks; on sm_90, rows
     too long for any block's chip, and split rows whose one wave of chunks is not held on chip, split into on-chip
-    chunks over a ring of blocks taking them in the fewest turns."""
+    chunks over a ring of blocks taking them in the fewest turns; and where the plan is one wave of 1024-thread
+    blocks, into chunks half as long over a ring of 512-thread blocks, two per SM, where that fills both."""
     for rows, cols, dtype, lanes in ((4096, 50257, "float32", 1024), (4096, 50257, "float16", 512),
-                                     (133, 16385, "float32", 512), (128, 131072, "float16", 1024),
+                                     (133, 16385, "float32", 512), (100, 30000, "float32", 1024),
                                      (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
                                      (132, 16385, "float32", 1024)):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
@@ -238,25 +239,31 @@ def test_cuda_stream_plan_choice():
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
         assert plan.cache == "local" and plan.lanes > 32 and plan.chunks == 1, (rows, cols, dtype, plan)
         assert plan.lanes * plan.per_thread >= softmax_tir.stream_vectors(cols, plan.vec), plan  # one step
-    for rows, cols, dtype in ((16, 1 << 20, "float16"), (65, 131072, "float16"), (1, 1 << 20, "float32"),
+    for rows, cols, dtype in ((33, 131072, "float16"), (65, 131072, "float16"), (1, 1 << 20, "float32"),
                               (8, 128256, "float32")):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")  # as many blocks as SMs (all resident), 16-byte vectors
         assert 132 - rows < plan.chunks * rows <= 132 and plan.vec * np.dtype(dtype).itemsize == 16, (rows, cols, plan)
     # on sm_90, rows no block holds on chip (float32 over 290 KB) and split rows whose one wave of chunks would not
-    # stay on chip (16 x 1M float32: 8 of 512 KB): the ring, 1024-thread blocks each holding a chunk (its cached steps
-    # and the last in registers), at most as many blocks as the SMs hold, a multiple of the chunks, in the fewest
-    # turns; not before sm_90, nor where a row needs more chunks than there are SMs (one 64 MB row)
-    for rows, cols, chunks, grid in ((128, 131072, 2, 128), (257, 131073, 3, 129), (66, 262144, 4, 132),
-                                     (4096, 80000, 2, 132), (128, 524288, 8, 128), (16, 1 << 20, 16, 128)):
-        plan = S.cuda_plan(rows, cols, "float32", "sm_90")
-        assert (plan.chunks, plan.grid, plan.lanes, plan.cluster) == (chunks, grid, 1024, False), (rows, cols, plan)
+    # stay on chip: the ring, 1024-thread blocks each holding a chunk (its cached steps and the last in registers),
+    # at most as many blocks as the SMs hold, a multiple of the chunks, in the fewest turns; in place of one wave of
+    # 1024-thread blocks (16 x 1M, 128 x 131072 float16, 128 x 65536 float32), 512-thread blocks, two per SM, over
+    # chunks half as long, where they fill both; not before sm_90, nor where a row needs more chunks than the SMs
+    # hold blocks (one 64 MB row)
+    for rows, cols, chunks, grid, *rest in ((128, 131072, 2, 128), (257, 131073, 3, 129), (66, 262144, 4, 132),
+                                     (4096, 80000, 2, 132), (128, 524288, 8, 128), (16, 1 << 20, 32, 256),
+                                     (16, 1 << 20, 16, 256, "float16"), (128, 131072, 2, 256, "float16"),
+                                     (128, 65536, 2, 256), (64, 1 << 20, 32, 256)):
+        dtype = "float16" if "float16" in rest else "float32"
+        plan = S.cuda_plan(rows, cols, dtype, "sm_90")
+        lanes, slots = (512, 264) if grid > 132 else (1024, 132)  # (the 512-thread ring only where it fills both)
+        assert (plan.chunks, plan.grid, plan.lanes, plan.cluster) == (chunks, grid, lanes, False), (rows, cols, plan)
         step = plan.lanes * plan.per_thread
-        assert plan.cached * step * 16 <= 220 << 10, plan
-        steps = -(-(-(-softmax_tir.stream_vectors(cols, 4) // chunks)) // step)
+        assert plan.cached * step * 16 <= (220 << 10) * lanes // 1024, plan
+        steps = -(-(-(-softmax_tir.stream_vectors(cols, plan.vec) // chunks)) // step)
         assert steps == plan.cached + 1, plan
         turns = -(-rows * chunks // grid)  # the fewest turns, and the fewest blocks that take them
-        assert turns == -(-rows * chunks // (132 // chunks * chunks)) and turns * (grid - chunks) < rows * chunks, plan
-        assert not S.cuda_plan(rows, cols, "float32", "sm_80").grid
+        assert turns == -(-rows * chunks // (slots // chunks * chunks)) and turns * (grid - chunks) < rows * chunks, plan
+        assert not S.cuda_plan(rows, cols, dtype, "sm_80").grid
     assert not S.cuda_plan(1, 1 << 24, "float32", "sm_90").grid
     # a few rows of a vocabulary: 16 KB chunks, fewer than the SMs; rows of up to 64 KB are not split
     for rows, cols, dtype, chunks in ((1, 50257, "float32", 13), (5, 50257, "float16", 7), (1, 128256, "float16", 16),
@@ -269,8 +276,9 @@ def test_cuda_stream_plan_choice():
     "rows, cols, dtype, regime",
     [(4096, 1024, "float32", "warp"), (65536, 128, "float16", "warp"), (4096, 1024, "bfloat16", "warp"),
      (4096, 4096, "float32", "block"), (512, 4096, "bfloat16", "block"),
-     (1024, 16384, "float16", "block"), (128, 131072, "float16", "block"), (1024, 32768, "float16", "block"),
-     (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split"), (16, 1 << 20, "float16", "split")],
+     (1024, 16384, "float16", "block"), (100, 50000, "float16", "block"), (1024, 32768, "float16", "block"),
+     (16, 1 << 20, "float32", "split"), (64, 131072, "float16", "split"), (16, 1 << 20, "float16", "split"),
+     (128, 131072, "float16", "split")],
 )
 def test_cuda_source_structure(rows, cols, dtype, regime):
     """Compile for sm_90 and read the CUDA source: one kernel, 128-bit accesses, shuffles, the bare ex2 for every

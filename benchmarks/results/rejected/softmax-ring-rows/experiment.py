@@ -7,8 +7,8 @@ residency does not matter here. Variants: the rule's plans of the H200's shapes 
 (1024 x 32768 float16 / float32, 4096 x 50257 float32 / float16) with ``grid`` = the blocks the SMs hold; checked
 against float64 and timed with the copy and the rule's kernels in the benchmark's rounds.
 
-    python3 benchmarks/results/rerun/softmax-ring-rows/experiment.py --build                                  # here
-    python3 benchmarks/results/rerun/softmax-ring-rows/experiment.py --run --shapes 1024x32768 4096x50257 --out DIR
+    python3 benchmarks/results/rejected/softmax-ring-rows/experiment.py --build                                  # here
+    python3 benchmarks/results/rejected/softmax-ring-rows/experiment.py --run --shapes 1024x32768 4096x50257 --out DIR
 """
 
 import dataclasses
