@@ -74,8 +74,8 @@ _STREAM_CACHE_BYTES = 110 << 10
 # 1.081-1.083x (0.84 -> 0.90 of copy; the same chunks in two waves of blocks without the ring 1.067-1.069x), 128 x
 # 131072 float32 1.043-1.045x (0.91 -> 0.95; without a cluster, in two waves, 1.00x). Where the plan would be one wave
 # of 1024-thread blocks, one per SM (the split, and rows only such a block holds), the ring of 512-thread blocks, two
-# per SM, over chunks of _RING_STEPS steps of 32 KB, wherever they fill both of an SM's slots: one block's exchange and
-# barriers overlap the other's streaming. H100, per-round medians against the rule before (rerun/softmax-waves/ run 4,
+# per SM, over chunks of _RING_STEPS steps of 32 KB, where that puts no more of the rows on any SM (``_paired_ring``):
+# one block's exchange and barriers overlap the other's streaming. H100, per-round medians against the rule before (rerun/softmax-waves/ run 4,
 # rerun/softmax-ring512/ two runs): 16 x 1M float32 1.025-1.030x (0.90 -> 0.92 of copy), float16 (one turn, without the
 # kept exponentials) 16 x 1M 1.014-1.015x, 128 x 131072 1.011-1.012x. Rows no block holds keep 1024 threads: 128 x
 # 131072 float32 in 4 chunks of 128 KB 0.985-0.988x its 2 of 256 KB. (float16 in 64 KB chunks lost: 0.91-0.93x.)
@@ -170,8 +170,7 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
     if split and rows < sms // 2 and (row_bytes > _SPLIT_ROW_BYTES or rows * row_bytes >= _SPLIT_BYTES):
         plan = split_plan(rows, cols, dtype, sms)  # (a block per row would leave most SMs idle)
         steps = _ceil(_ceil(softmax_tir.stream_vectors(cols, plan.vec), plan.chunks), plan.lanes * plan.per_thread)
-        wide = plan.lanes == 2 * _STREAM_LANES
-        return (ring and ((wide and _paired_ring(rows, cols, dtype, sms))
+        return (ring and (_paired_ring(rows, cols, dtype, sms, plan)
                           or (plan.cached + 1 < steps and ring_plan(rows, cols, dtype, sms)))) or plan
     whole = _block_plan(nvec, vec, 1024)
     # (a row too long for the registers needs all 1024 lanes, so "more than 512 lanes" covers it)
@@ -180,8 +179,7 @@ def cuda_plan(rows: int, cols: int, dtype: str, arch: str, split: bool = True) -
         if ring and touched > _on_chip_vectors(2 * _STREAM_LANES):  # (a row no block holds on chip)
             return ring_plan(rows, cols, dtype, sms) or _stream_plan(rows, touched, 16 // itemsize, sms)
         plan = _stream_plan(rows, touched, 16 // itemsize, sms)
-        return (ring and plan.kept_exp and plan.lanes == 2 * _STREAM_LANES and _paired_ring(rows, cols, dtype, sms)) \
-            or plan
+        return (ring and _paired_ring(rows, cols, dtype, sms, plan)) or plan
     return whole
 
 
@@ -201,11 +199,17 @@ def ring_plan(rows: int, cols: int, dtype: str, sms: int, lanes: int = 2 * _STRE
                     grid=_ceil(_ceil(rows * chunks, turns), chunks) * chunks)
 
 
-def _paired_ring(rows: int, cols: int, dtype: str, sms: int) -> CudaPlan | None:
-    """The ring of 512-thread blocks, two per SM, where it fills both (``_RING_STEPS``): for one wave of 1024-thread
-    blocks."""
-    plan = ring_plan(rows, cols, dtype, sms, _STREAM_LANES)
-    return plan if plan and plan.grid > sms else None
+def _paired_ring(rows: int, cols: int, dtype: str, sms: int, plan: CudaPlan) -> CudaPlan | None:
+    """The ring of 512-thread blocks in place of ``plan``, one wave of 1024-thread blocks (``_RING_STEPS``), where it
+    puts two on some SMs and no more of the rows on any SM than ``plan`` does (8 rows of 1 MB on 40 SMs: 5 chunks of
+    205 KB, one per SM, not 8 of 128 KB, two on 24 SMs)."""
+    if plan.lanes != 2 * _STREAM_LANES or rows * plan.chunks > sms:
+        return None
+    ring = ring_plan(rows, cols, dtype, sms, _STREAM_LANES)
+    if ring is None or ring.grid <= sms:
+        return None
+    turns = _ceil(rows * ring.chunks, ring.grid)
+    return ring if 2 * turns * plan.chunks <= ring.chunks else None  # (an SM's share: 2 * turns / ring.chunks of a row)
 
 
 def split_plan(rows: int, cols: int, dtype: str, sms: int, chunks: int | None = None) -> CudaPlan:

@@ -225,7 +225,7 @@ def test_cuda_stream_plan_choice():
     threads and twice the cache. Rows of one step stay in registers; few long rows split into chunks; on sm_90, rows
     too long for any block's chip, and split rows whose one wave of chunks is not held on chip, split into on-chip
     chunks over a ring of blocks taking them in the fewest turns; and where the plan is one wave of 1024-thread
-    blocks, into chunks half as long over a ring of 512-thread blocks, two per SM, where that fills both."""
+    blocks, into chunks half as long over a ring of 512-thread blocks, two on some SMs, none loaded more."""
     for rows, cols, dtype, lanes in ((4096, 50257, "float32", 1024), (4096, 50257, "float16", 512),
                                      (133, 16385, "float32", 512), (100, 30000, "float32", 1024),
                                      (1024, 32768, "float16", 512), (1024, 32768, "float32", 512),
@@ -247,12 +247,11 @@ def test_cuda_stream_plan_choice():
     # stay on chip: the ring, 1024-thread blocks each holding a chunk (its cached steps and the last in registers),
     # at most as many blocks as the SMs hold, a multiple of the chunks, in the fewest turns; in place of one wave of
     # 1024-thread blocks (16 x 1M, 128 x 131072 float16, 128 x 65536 float32), 512-thread blocks, two per SM, over
-    # chunks half as long, where they fill both; not before sm_90, nor where a row needs more chunks than the SMs
-    # hold blocks (one 64 MB row)
+    # chunks half as long; not before sm_90, nor where a row needs more chunks than the SMs hold blocks (one 64 MB row)
     for rows, cols, chunks, grid, *rest in ((128, 131072, 2, 128), (257, 131073, 3, 129), (66, 262144, 4, 132),
                                      (4096, 80000, 2, 132), (128, 524288, 8, 128), (16, 1 << 20, 32, 256),
                                      (16, 1 << 20, 16, 256, "float16"), (128, 131072, 2, 256, "float16"),
-                                     (128, 65536, 2, 256), (64, 1 << 20, 32, 256)):
+                                     (128, 65536, 2, 256), (64, 1 << 20, 32, 256), (100, 40001, 2, 200)):
         dtype = "float16" if "float16" in rest else "float32"
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
         lanes, slots = (512, 264) if grid > 132 else (1024, 132)  # (the 512-thread ring only where it fills both)
@@ -265,6 +264,10 @@ def test_cuda_stream_plan_choice():
         assert turns == -(-rows * chunks // (slots // chunks * chunks)) and turns * (grid - chunks) < rows * chunks, plan
         assert not S.cuda_plan(rows, cols, dtype, "sm_80").grid
     assert not S.cuda_plan(1, 1 << 24, "float32", "sm_90").grid
+    # nor where the 512-thread ring would put more of the rows on an SM than one wave of 1024-thread blocks does:
+    # 5 rows of 1M split in 26 chunks of 157 KB, one per SM (the ring: 32 chunks of 128 KB, two per SM on 28 SMs)
+    plan = S.cuda_plan(5, 1 << 20, "float32", "sm_90")
+    assert (plan.chunks, plan.lanes, plan.grid) == (26, 1024, 0), plan
     # a few rows of a vocabulary: 16 KB chunks, fewer than the SMs; rows of up to 64 KB are not split
     for rows, cols, dtype, chunks in ((1, 50257, "float32", 13), (5, 50257, "float16", 7), (1, 128256, "float16", 16),
                                       (1, 16384, "float32", 1), (1, 32768, "float16", 1), (1, 16385, "float32", 5)):
