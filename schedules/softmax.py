@@ -67,18 +67,19 @@ _STREAM_LANES, _STREAM_VECTORS = 512, 4  # block kernel: threads per row, vector
 _STREAM_CACHE_BYTES = 110 << 10
 # On sm_90+, rows that no block holds on chip (float32 over ~290 KB, 128 x 131072: before, a thread-block cluster of 2
 # blocks per row) and a split whose one wave of chunks is not held on chip take the ring (``ring_plan``): chunks of at
-# most _RING_STEPS steps of a 1024-thread block (256 KB: 3 in shared memory, the last in registers), over as many blocks
-# as the SMs hold in the fewest turns (a multiple of the chunks, so that a row's chunks are taken in the same turn;
-# 128 x 131072: 128 blocks, not 132 in turns of 66 and 62 rows, 1.03x), each block reading its next chunk while it
-# writes the current. H100, three runs (rerun/softmax-waves/), per-round medians against the rule before: 16 x 1M float32
-# 1.081-1.083x (0.84 -> 0.90 of copy; the same chunks in two waves of blocks without the ring 1.067-1.069x), 128 x
-# 131072 float32 1.043-1.045x (0.91 -> 0.95; without a cluster, in two waves, 1.00x). Where the plan would be one wave
-# of 1024-thread blocks, one per SM (the split, and rows only such a block holds), the ring of 512-thread blocks, two
-# per SM, over chunks of _RING_STEPS steps of 32 KB, where that puts no more of the rows on any SM (``_paired_ring``):
-# one block's exchange and barriers overlap the other's streaming. H100, per-round medians against the rule before (rerun/softmax-waves/ run 4,
-# rerun/softmax-ring512/ two runs): 16 x 1M float32 1.025-1.030x (0.90 -> 0.92 of copy), float16 (one turn, without the
-# kept exponentials) 16 x 1M 1.014-1.015x, 128 x 131072 1.011-1.012x. Rows no block holds keep 1024 threads: 128 x
-# 131072 float32 in 4 chunks of 128 KB 0.985-0.988x its 2 of 256 KB. (float16 in 64 KB chunks lost: 0.91-0.93x.)
+# most _RING_STEPS steps of a 1024-thread block (256 KB: 3 in shared memory, the last in registers), over as many
+# blocks as the SMs hold in the fewest turns (a multiple of the chunks, so that a row's chunks are taken in the same
+# turn; 128 x 131072: 128 blocks, not 132 in turns of 66 and 62 rows, 1.03x), each block reading its next chunk while
+# it writes the current. H100, three runs (rerun/softmax-waves/), per-round medians against the rule before: 16 x 1M
+# float32 1.081-1.083x (0.84 -> 0.90 of copy; the same chunks in two waves of blocks without the ring 1.067-1.069x),
+# 128 x 131072 float32 1.043-1.045x (0.91 -> 0.95; without a cluster, in two waves, 1.00x). Where the plan would be
+# one wave of 1024-thread blocks, one per SM (the split, and rows only such a block holds), the ring of 512-thread
+# blocks, two per SM, over chunks of _RING_STEPS steps of 32 KB, where that puts no more of the rows on any SM
+# (``_paired_ring``): one block's exchange and barriers overlap the other's streaming. H100, per-round medians against
+# the rule before (rerun/softmax-waves/ run 4, rerun/softmax-ring512/ two runs): 16 x 1M float32 1.025-1.030x (0.90 ->
+# 0.92 of copy), float16 (one turn, without the kept exponentials) 16 x 1M 1.014-1.015x, 128 x 131072 1.011-1.012x.
+# Rows no block holds keep 1024 threads: 128 x 131072 float32 in 4 chunks of 128 KB 0.985-0.988x its 2 of 256 KB.
+# (float16 in 64 KB chunks lost: 0.91-0.93x.)
 _RING_STEPS = 4
 # CPU: prefetch the next row during the exp pass up to a row size, so that its memory reads overlap the exp
 # arithmetic. On the AMD EPYC (znver5) up to 256 KB (64 x 50257 float32: -10 %; a 1 MB row, x, y and the next x, no

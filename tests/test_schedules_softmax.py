@@ -248,13 +248,15 @@ def test_cuda_stream_plan_choice():
     # at most as many blocks as the SMs hold, a multiple of the chunks, in the fewest turns; in place of one wave of
     # 1024-thread blocks (16 x 1M, 128 x 131072 float16, 128 x 65536 float32), 512-thread blocks, two per SM, over
     # chunks half as long; not before sm_90, nor where a row needs more chunks than the SMs hold blocks (one 64 MB row)
-    for rows, cols, chunks, grid, *rest in ((128, 131072, 2, 128), (257, 131073, 3, 129), (66, 262144, 4, 132),
-                                     (4096, 80000, 2, 132), (128, 524288, 8, 128), (16, 1 << 20, 32, 256),
-                                     (16, 1 << 20, 16, 256, "float16"), (128, 131072, 2, 256, "float16"),
-                                     (128, 65536, 2, 256), (64, 1 << 20, 32, 256), (100, 40001, 2, 200)):
-        dtype = "float16" if "float16" in rest else "float32"
+    f32, f16 = "float32", "float16"
+    for rows, cols, dtype, chunks, grid in ((128, 131072, f32, 2, 128), (257, 131073, f32, 3, 129),
+                                            (66, 262144, f32, 4, 132), (4096, 80000, f32, 2, 132),
+                                            (128, 524288, f32, 8, 128), (16, 1 << 20, f32, 32, 256),
+                                            (16, 1 << 20, f16, 16, 256), (128, 131072, f16, 2, 256),
+                                            (128, 65536, f32, 2, 256), (64, 1 << 20, f32, 32, 256),
+                                            (100, 40001, f32, 2, 200)):
         plan = S.cuda_plan(rows, cols, dtype, "sm_90")
-        lanes, slots = (512, 264) if grid > 132 else (1024, 132)  # (the 512-thread ring only where it fills both)
+        lanes, slots = (512, 264) if grid > 132 else (1024, 132)  # (more blocks than SMs: the 512-thread ring)
         assert (plan.chunks, plan.grid, plan.lanes, plan.cluster) == (chunks, grid, lanes, False), (rows, cols, plan)
         step = plan.lanes * plan.per_thread
         assert plan.cached * step * 16 <= (220 << 10) * lanes // 1024, plan
