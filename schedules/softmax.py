@@ -24,10 +24,12 @@ CUDA (``CudaPlan``; 128-bit vectors where the row length allows, float32 accumul
   (16 KB chunks, rows x chunks <= SMs so that all are resident) of the same kernel: each caches its chunk,
   publishes its (max, sum), takes its row's others and normalises its chunk from chip (one read of the input, one
   write; 16 x 1M on the H200: 1.12-1.17x the two kernels it replaces, which read the input twice);
-- on sm_90+, where those chunks would not stay on chip (16 x 1M float32), or for rows that no block holds on chip
-  (float32 over ~290 KB): the same split in chunks of at most 256 KB, which a 1024-thread block holds, over a ring
-  of as many blocks as the SMs hold (``grid``), each taking its chunks in turn and reading the next while it writes
-  the current (H100: 16 x 1M float32 1.08x the one-wave split, 128 x 131072 1.04x a thread-block cluster per row).
+- on sm_90+, for rows that no block holds on chip (float32 over ~290 KB): the same split in chunks of at most
+  256 KB, which a 1024-thread block holds, over a ring of as many blocks as the SMs hold (``grid``), each taking
+  its chunks in turn and reading the next while it writes the current (H100: 128 x 131072 1.04x a thread-block
+  cluster per row); and where the plan would be one wave of 1024-thread blocks (the split of 16 x 1M, float16 rows
+  of 128-256 KB), the same ring of 512-thread blocks, two per SM, over chunks of at most 128 KB, where that loads no
+  SM more (H100: 16 x 1M float32 1.11x the one-wave split, float16 1.02-1.03x, 128 x 131072 float16 1.01x).
 H200, same run, against the previous kernels (expf / exp2f, a scheduled block per row, no cp.async): float16
 1.15-1.34x on the benchmark's shapes above 1024 columns (4096 x 4096 0.81 -> 0.99 of copy bandwidth, 4096 x
 50257 0.74 -> 0.93), float32 1.01-1.16x (4096 x 50257, now one 1024-thread block per SM, 0.80 -> 0.93).

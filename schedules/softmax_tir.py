@@ -573,7 +573,7 @@ def cuda_stream(rows: int, cols: int, dtype: str, kind: str, lanes: int, vec: in
         xf = T.decl_buffer((rows * cols,), dtype, data=x.data)
         yf = T.decl_buffer((rows * cols,), dtype, data=y.data)
         for bx in T.thread_binding(G, thread="blockIdx.x"):
-            if cluster:  # (a parse-time branch; blockIdx.x still counts blocks, the rank is b % P)
+            if cluster:  # (a parse-time branch; blockIdx.x still counts blocks, the rank is bx % P)
                 for _rank in T.thread_binding(P, thread="clusterCtaIdx.x"):
                     block(xf, yf, bx)
             else:
