@@ -106,6 +106,7 @@ def body(spec, target: tvm.target.Target):
     stage_bias = row_bias and not hoist and stride % 1024 == 0
 
     (QB, RJ), *few = blocks(target)
+    assert all(rj % 2 == 0 for _, rj in [(QB, RJ), *few]), "a block's keys are held in two halves (acc0, acc1)"
     BQ = query_rows(sq, QB)
     if isinstance(sq, int):  # the narrowest block the last task fits, if any (a symbolic length keeps them all)
         few = [f for f in few if 0 < sq % BQ <= f[0]][:1]
