@@ -351,6 +351,25 @@ CPU_CASES = [((b, s, s, h, h, d), dtype, causal, False) for b, s, h, d in CPU_SH
              ((4, 1, 1024, 16, 16, 64), "float32", False, False)]
 
 
+def onnx_attention(shape: tuple[int, ...], dtype: str, causal: bool = False, masked: bool = False):
+    """One ONNX ``Attention`` (opset 23) node as a user's model holds it, for ``shape`` = (batch, query rows, keys, heads,
+    key/value heads, head dim), and the shapes of q, k, v and y; ``masked``: a [1, 1, s, keys] additive mask input."""
+    from onnx import TensorProto, helper
+
+    b, s, skv, h, hkv, d = shape
+    elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
+    names = ["q", "k", "v"] + (["mask"] if masked else [])
+    node = helper.make_node("Attention", names, ["y"], q_num_heads=h, kv_num_heads=hkv, is_causal=int(causal))
+    shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
+    io = [helper.make_tensor_value_info(n, elem, shape) for n, shape in shapes.items()]
+    if masked:
+        io.insert(3, helper.make_tensor_value_info("mask", elem, [1, 1, s, skv]))
+    model = helper.make_model(helper.make_graph([node], "attention", io[:-1], io[-1:]),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model, shapes
+
+
 def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
     """Latency on this CPU of one ONNX ``Attention`` (opset 23) node, as a user's model holds it: compiled by tvmpipe
     (the fused kernel), by tvmpipe ``--no-custom-schedules`` (TVM's unfused lowering), and run by onnxruntime;
@@ -367,7 +386,6 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
 
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper
 
     import schedules.attention_cpu
     import schedules.attention_cpu_decode
@@ -385,16 +403,7 @@ def cpu(out: Path, rounds: int = 5, baseline: Path | None = None) -> None:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for (b, s, skv, h, hkv, d), dtype, causal, masked in CPU_CASES:
-            elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
-            names = ["q", "k", "v"] + (["mask"] if masked else [])
-            node = helper.make_node("Attention", names, ["y"], q_num_heads=h, kv_num_heads=hkv, is_causal=int(causal))
-            shapes = {"q": (b, s, h * d), "k": (b, skv, hkv * d), "v": (b, skv, hkv * d), "y": (b, s, h * d)}
-            io = [helper.make_tensor_value_info(n, elem, shape) for n, shape in shapes.items()]
-            if masked:
-                io.insert(3, helper.make_tensor_value_info("mask", elem, [1, 1, s, skv]))
-            model = helper.make_model(helper.make_graph([node], "attention", io[:-1], io[-1:]),
-                                      opset_imports=[helper.make_opsetid("", 23)])
-            model.ir_version = 10
+            model, shapes = onnx_attention((b, s, skv, h, hkv, d), dtype, causal, masked)
             path = Path(tmp) / "attention.onnx"
             onnx.save(model, path)
             rng = np.random.default_rng(0)
