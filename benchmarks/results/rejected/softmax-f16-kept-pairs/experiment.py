@@ -6,8 +6,8 @@ wave of two blocks per SM, ``grid`` 0) with the exponentials kept in shared memo
 (16 chunks of 128 KB) and 128 x 131072 (2 chunks). Each checked against float64 and timed with the copy and the rule's
 kernels in the benchmark's rounds.
 
-    python3 benchmarks/results/rerun/softmax-f16-pairs/experiment.py --build                                  # here
-    python3 benchmarks/results/rerun/softmax-f16-pairs/experiment.py --run --shapes 16x1048576 128x131072 --out DIR
+    python3 benchmarks/results/rejected/softmax-f16-kept-pairs/experiment.py --build                                  # here
+    python3 benchmarks/results/rejected/softmax-f16-kept-pairs/experiment.py --run --shapes 16x1048576 128x131072 --out DIR
 """
 
 import sys
