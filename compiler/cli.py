@@ -262,15 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_targets)
 
-    s = sub.add_parser("compile", parents=[common], help="compile an ONNX model into a .tvmpkg package")
-    s.add_argument("model")
-    s.add_argument("--target", "-t", required=True, help="target name (tvmpipe targets) or a target .json")
-    s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
-                   help="static shape for an input (repeat per input)")
+    # what compile, inspect and tune take alike: the model, its target and how it is imported and scheduled
+    model = argparse.ArgumentParser(add_help=False, parents=[common])
+    model.add_argument("model")
+    model.add_argument("--target", "-t", required=True, help="target name (tvmpipe targets) or a target .json")
+    model.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
+                       help="static shape for an input (repeat per input)")
+    model.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
+    model.add_argument("--no-fusion", action="store_true", help="no fusion at all: one kernel per op (for comparison)")
+    model.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
+
+    s = sub.add_parser("compile", parents=[model], help="compile an ONNX model into a .tvmpkg package")
     s.add_argument("-o", "--output", help="package path (default: MODEL-TARGET.tvmpkg)")
-    s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
-    s.add_argument("--no-fusion", action="store_true", help="no fusion at all: one kernel per op (for comparison)")
-    s.add_argument("--no-custom-schedules", action="store_true", help="keep TVM's default schedules for all kernels")
     s.add_argument("--plugin", action="append", metavar="FILE.py",
                    help="import a plug-in that registers custom ops (compiler.register_op); repeatable")
     s.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
@@ -284,25 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-tuning-log", action="store_true", help="apply no tuning log")
     s.set_defaults(func=cmd_compile)
 
-    s = sub.add_parser("inspect", parents=[common], help="show the kernels after fusion, their ops and the bytes saved")
-    s.add_argument("model")
-    s.add_argument("--target", "-t", required=True, help="target name (tvmpipe targets) or a target .json")
-    s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224",
-                   help="static shape for an input (repeat per input)")
+    s = sub.add_parser("inspect", parents=[model], help="show the kernels after fusion, their ops and the bytes saved")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
-    s.add_argument("--no-fusion", action="store_true", help="as compile --no-fusion: one kernel per op")
-    s.add_argument("--no-custom-schedules", action="store_true", help="as compile --no-custom-schedules: TVM's own")
     s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     s.set_defaults(func=cmd_inspect)
 
-    s = sub.add_parser("tune", parents=[common], help="auto-tune the kernels of a model with MetaSchedule")
-    s.add_argument("model")
-    s.add_argument("--target", "-t", required=True, help="target name or a target .json")
-    s.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224", help="as for compile")
-    s.add_argument("--bind-input", action="append", metavar="NAME=FILE.npy", help=BIND)
-    s.add_argument("--no-fusion", action="store_true", help="as for compile (tunes that variant's kernels)")
-    s.add_argument("--no-custom-schedules", action="store_true", help="as for compile")
+    s = sub.add_parser("tune", parents=[model], help="auto-tune the kernels of a model with MetaSchedule")
     s.add_argument("--trials", type=int, help="total measurements in the log, split over the kernels")
     s.add_argument("--log-dir", help="the log directory (default: tuning_logs/TARGET/MODEL-KEY/)")
     s.add_argument("--resume", action="store_true", help="continue the job in the log directory up to --trials")
