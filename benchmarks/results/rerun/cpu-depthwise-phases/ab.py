@@ -1,0 +1,77 @@
+"""A/B of the CPU depthwise rule's phased copy (a6cfd57) against the rule before it (0cd9438), one core.
+
+MobileNetV2's four stride-2 depthwise layers (+ bias + ReLU6) and one stride-1 layer as single-conv ONNX models,
+and the whole model (``build/zoo/mobilenet_v2-b1.onnx`` from ``benchmarks/models.py``), compiled by both checkouts
+for ``cpu``, checked against onnxruntime and timed in 7 interleaved rounds (new, old, onnxruntime; 30 calls each)::
+
+    git worktree add /tmp/wt-old 0cd9438
+    taskset -c 0 .venv/bin/python benchmarks/results/rerun/cpu-depthwise-phases/ab.py /tmp/wt-old OUT.json
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+REPO = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(REPO))
+from compiler.compare import OrtSession  # noqa: E402
+from compiler.runtime import load  # noqa: E402
+from tests.helpers import make_model, rel_err, save  # noqa: E402
+
+LAYERS = {"dw96-112-s2": (96, 112, 2), "dw144-56-s2": (144, 56, 2), "dw192-28-s2": (192, 28, 2),
+          "dw576-14-s2": (576, 14, 2), "dw144-56-s1": (144, 56, 1)}
+
+
+def depthwise(c: int, hw: int, stride: int, rng: np.random.Generator) -> onnx.ModelProto:
+    out = (hw - 1) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c, strides=[stride] * 2, pads=[1] * 4),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["y"])]
+    inits = {"w": rng.standard_normal((c, 1, 3, 3)).astype(np.float32), "b": rng.standard_normal(c).astype(np.float32),
+             "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    return make_model(nodes, [("x", TensorProto.FLOAT, [1, c, hw, hw])], [("y", TensorProto.FLOAT, [1, c, out, out])], inits)
+
+
+def compile_with(root: Path, model: Path, package: Path) -> None:
+    code = f"import sys; sys.path.insert(0, {str(root)!r}); from compiler import pipeline; " \
+           f"pipeline.compile_model({str(model)!r}, 'cpu', {str(package)!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def main(old_root: Path, out: Path, work: Path = Path("/tmp/depthwise-ab")) -> None:
+    rng = np.random.default_rng(0)
+    work.mkdir(exist_ok=True)
+    models = {name: save(depthwise(*shape, rng), work / f"{name}.onnx") for name, shape in LAYERS.items()}
+    models["mobilenet_v2"] = REPO / "build" / "zoo" / "mobilenet_v2-b1.onnx"
+    records = []
+    for name, path in models.items():
+        for tag, root in (("new", REPO), ("old", old_root)):
+            compile_with(root, path, work / f"{name}-{tag}.tvmpkg")
+        new, old, ort = load(work / f"{name}-new.tvmpkg"), load(work / f"{name}-old.tvmpkg"), OrtSession(str(path), 1)
+        graph = onnx.load(path, load_external_data=False).graph
+        x = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in graph.input}
+        y = graph.output[0].name
+        ref = ort(x)[y]
+        err = {tag: rel_err(r(**x)[y], ref) for tag, r in (("new", new), ("old", old))}
+        ms: dict[str, list[float]] = {"new": [], "old": [], "onnxruntime": []}
+        for _ in range(7):
+            ms["new"] += new.time(x, repeat=30, warmup=3).ms
+            ms["old"] += old.time(x, repeat=30, warmup=3).ms
+            ms["onnxruntime"] += ort.time(x, repeat=30, warmup=3)
+        med = {k: float(np.median(v)) for k, v in ms.items()}
+        rec = {"case": name, "ms": med, "new_vs_old": med["old"] / med["new"], "new_vs_ort": med["onnxruntime"] / med["new"],
+               "old_vs_ort": med["onnxruntime"] / med["old"], "rel_err": err}
+        print(f"{name:14s} new {med['new']:.4f} ms  old {med['old']:.4f}  onnxruntime {med['onnxruntime']:.4f}  "
+              f"new/old {rec['new_vs_old']:.2f}x  vs onnxruntime {rec['new_vs_ort']:.2f}x (old {rec['old_vs_ort']:.2f}x)",
+              flush=True)
+        records.append(rec)
+    out.write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
