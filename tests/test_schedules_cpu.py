@@ -11,7 +11,7 @@ import tvm
 import tvm_ffi
 from onnx import TensorProto, helper
 
-from tests.helpers import compile_and_compare, make_model, rel_err
+from tests.helpers import compile_and_compare, make_model, rel_err, save
 
 F = TensorProto.FLOAT
 
@@ -68,7 +68,6 @@ def test_conv_epilogue_is_stored_in_vectors(tmp_path, rng):
     """The tile's epilogue (bias + residual) is written with vector stores along the output row: scalar
     stores of it made a fused 1x1 conv 3x slower than the same conv without epilogue."""
     from compiler import pipeline
-    from tests.helpers import save
 
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
     w = rng.standard_normal((16, 16, 1, 1)).astype(np.float32)
@@ -156,7 +155,6 @@ def test_strided_depthwise_reads_phases_of_its_padded_copy(tmp_path, rng, hw, ph
     that each tap reads a contiguous vector (gathering every other column ran MobileNetV2's stride-2 layers at
     0.57-0.69x onnxruntime); a padded row of odd length cannot be dealt evenly and keeps the plain copy."""
     from compiler import pipeline
-    from tests.helpers import save
 
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=4, strides=[2, 2], pads=[1, 1, 1, 1])]
     out = (hw - 1) // 2 + 1

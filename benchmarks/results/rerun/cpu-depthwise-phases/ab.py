@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
+from benchmarks.common import interleaved  # noqa: E402
 from compiler.compare import OrtSession  # noqa: E402
 from compiler.runtime import load  # noqa: E402
 from tests.helpers import make_model, rel_err, save  # noqa: E402
@@ -58,11 +59,9 @@ def main(old_root: Path, out: Path, work: Path = Path("/tmp/depthwise-ab")) -> N
         y = graph.output[0].name
         ref = ort(x)[y]
         err = {tag: rel_err(r(**x)[y], ref) for tag, r in (("new", new), ("old", old))}
-        ms: dict[str, list[float]] = {"new": [], "old": [], "onnxruntime": []}
-        for _ in range(7):
-            ms["new"] += new.time(x, repeat=30, warmup=3).ms
-            ms["old"] += old.time(x, repeat=30, warmup=3).ms
-            ms["onnxruntime"] += ort.time(x, repeat=30, warmup=3)
+        ms = interleaved({"new": lambda: new.time(x, repeat=30, warmup=3).ms,
+                          "old": lambda: old.time(x, repeat=30, warmup=3).ms,
+                          "onnxruntime": lambda: ort.time(x, repeat=30, warmup=3)}, 7, pause=lambda: None)
         med = {k: float(np.median(v)) for k, v in ms.items()}
         rec = {"case": name, "ms": med, "new_vs_old": med["old"] / med["new"], "new_vs_ort": med["onnxruntime"] / med["new"],
                "old_vs_ort": med["onnxruntime"] / med["old"], "rel_err": err}
