@@ -64,6 +64,35 @@ def test_pointwise_conv_over_many_pixels_is_a_gemm(capsys, tmp_path, rng):
     assert list(_kernels(tmp_path).values()) == ["hand:CpuMatmul"]
 
 
+@pytest.mark.parametrize("ic, blocked", [(64, True), (2048, False)])
+def test_gemm_tile_streams_a_block_of_columns(tmp_path, rng, ic, blocked):
+    """Each parallel GEMM tile runs over a block of consecutive column tiles, storing the accumulators after each
+    (an output row written in long runs), as many as keep B's slice within ``B_BLOCK_BYTES``: several for a 1x1
+    conv's K = 64, one for K = 2048 (the transformer GEMMs' case, unchanged)."""
+    from compiler import pipeline
+
+    w = rng.standard_normal((48, ic, 1, 1)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", F, [1, ic, 56, 56])],
+                       [("y", F, [1, 48, 56, 56])], {"w": w})
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
+    (name,) = [n for n, rule in prep.hand.items() if rule == "CpuMatmul"]
+    func = prep.mod[name]
+    out = func.params[-1].name
+    (tile,) = [f for f in _loops(func.body) if f.kind == tvm.tirx.ForKind.PARALLEL]
+    block = tile.body
+    assert isinstance(block, tvm.tirx.For) and block.kind == tvm.tirx.ForKind.SERIAL, func.script()[-2000:]
+    assert (int(block.extent) > 1) == blocked
+    stores: list[str] = []
+    tvm_ffi.structural_walk(block.body, [(tvm.tirx.BufferStore, lambda st: stores.append(st.buffer.name))])
+    assert out in stores  # the accumulators are stored inside the block, once per column tile
+
+
+def _loops(stmt) -> list:
+    loops: list = []
+    tvm_ffi.structural_walk(stmt, [(tvm.tirx.For, loops.append)])
+    return loops
+
+
 def test_conv_epilogue_is_stored_in_vectors(tmp_path, rng):
     """The tile's epilogue (bias + residual) is written with vector stores along the output row: scalar
     stores of it made a fused 1x1 conv 3x slower than the same conv without epilogue."""

@@ -8,8 +8,6 @@ for ``cpu``, checked against onnxruntime and timed in 7 interleaved rounds (new,
     taskset -c 0 .venv/bin/python benchmarks/results/rerun/cpu-depthwise-phases/ab.py /tmp/wt-old OUT.json
 """
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,10 +17,8 @@ from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
-from benchmarks.common import interleaved  # noqa: E402
-from compiler.compare import OrtSession  # noqa: E402
-from compiler.runtime import load  # noqa: E402
-from tests.helpers import make_model, rel_err, save  # noqa: E402
+from benchmarks.cpu_ab import compare  # noqa: E402
+from tests.helpers import make_model, save  # noqa: E402
 
 LAYERS = {"dw96-112-s2": (96, 112, 2), "dw144-56-s2": (144, 56, 2), "dw192-28-s2": (192, 28, 2),
           "dw576-14-s2": (576, 14, 2), "dw144-56-s1": (144, 56, 1)}
@@ -37,39 +33,12 @@ def depthwise(c: int, hw: int, stride: int, rng: np.random.Generator) -> onnx.Mo
     return make_model(nodes, [("x", TensorProto.FLOAT, [1, c, hw, hw])], [("y", TensorProto.FLOAT, [1, c, out, out])], inits)
 
 
-def compile_with(root: Path, model: Path, package: Path) -> None:
-    code = f"import sys; sys.path.insert(0, {str(root)!r}); from compiler import pipeline; " \
-           f"pipeline.compile_model({str(model)!r}, 'cpu', {str(package)!r})"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-
-
 def main(old_root: Path, out: Path, work: Path = Path("/tmp/depthwise-ab")) -> None:
     rng = np.random.default_rng(0)
     work.mkdir(exist_ok=True)
     models = {name: save(depthwise(*shape, rng), work / f"{name}.onnx") for name, shape in LAYERS.items()}
     models["mobilenet_v2"] = REPO / "build" / "zoo" / "mobilenet_v2-b1.onnx"
-    records = []
-    for name, path in models.items():
-        for tag, root in (("new", REPO), ("old", old_root)):
-            compile_with(root, path, work / f"{name}-{tag}.tvmpkg")
-        new, old, ort = load(work / f"{name}-new.tvmpkg"), load(work / f"{name}-old.tvmpkg"), OrtSession(str(path), 1)
-        graph = onnx.load(path, load_external_data=False).graph
-        x = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-             for i in graph.input}
-        y = graph.output[0].name
-        ref = ort(x)[y]
-        err = {tag: rel_err(r(**x)[y], ref) for tag, r in (("new", new), ("old", old))}
-        ms = interleaved({"new": lambda: new.time(x, repeat=30, warmup=3).ms,
-                          "old": lambda: old.time(x, repeat=30, warmup=3).ms,
-                          "onnxruntime": lambda: ort.time(x, repeat=30, warmup=3)}, 7, pause=lambda: None)
-        med = {k: float(np.median(v)) for k, v in ms.items()}
-        rec = {"case": name, "ms": med, "new_vs_old": med["old"] / med["new"], "new_vs_ort": med["onnxruntime"] / med["new"],
-               "old_vs_ort": med["onnxruntime"] / med["old"], "rel_err": err}
-        print(f"{name:14s} new {med['new']:.4f} ms  old {med['old']:.4f}  onnxruntime {med['onnxruntime']:.4f}  "
-              f"new/old {rec['new_vs_old']:.2f}x  vs onnxruntime {rec['new_vs_ort']:.2f}x (old {rec['old_vs_ort']:.2f}x)",
-              flush=True)
-        records.append(rec)
-    out.write_text(json.dumps(records, indent=1))
+    compare(models, old_root, out, work)
 
 
 if __name__ == "__main__":
