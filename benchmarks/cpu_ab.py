@@ -5,8 +5,8 @@
     git worktree add /tmp/wt-old HEAD~1
     taskset -c 0 .venv/bin/python benchmarks/cpu_ab.py /tmp/wt-old OUT.json build/zoo/resnet50-b1.onnx ...
 
-Rule-specific layers (single-op models) are made by the scripts under ``results/rerun/*/ab.py``, which call
-``compare``.
+Rule-specific layers (single-op models such as ``pointwise``) are made by the scripts under
+``results/rerun/*/ab.py``, which call ``compare``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,22 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.common import interleaved  # noqa: E402
 from compiler.compare import OrtSession  # noqa: E402
 from compiler.runtime import load  # noqa: E402
-from tests.helpers import rel_err  # noqa: E402
+from tests.helpers import make_model, rel_err  # noqa: E402
+
+
+def pointwise(ic: int, oc: int, hw: int, rng: np.random.Generator) -> onnx.ModelProto:
+    """A 1x1 conv ``ic`` -> ``oc`` channels over ``hw`` x ``hw`` pixels, + bias + ReLU (batch 1)."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"]), helper.make_node("Relu", ["d"], ["y"])]
+    inits = {"w": rng.standard_normal((oc, ic, 1, 1)).astype(np.float32), "b": rng.standard_normal(oc).astype(np.float32)}
+    f = TensorProto.FLOAT
+    return make_model(nodes, [("x", f, [1, ic, hw, hw])], [("y", f, [1, oc, hw, hw])], inits)
 
 
 def compile_with(root: Path, model: Path, package: Path) -> None:

@@ -30,8 +30,11 @@ from .cpu_matmul import panels
 BLOCK = "conv2d_nchw_hwio"
 # From this many output pixels a 1x1 stride-1 conv runs as a GEMM with vectors along the pixels (NCHW keeps them
 # contiguous: no transposed tile store), which beat the channel-vector tile 1.4-2x on MobileNetV2's 112x112 and
-# 56x56 layers (few channels) and lost 5-20 % at 28x28 and 14x14 (kernels alone)
-POINTWISE_GEMM_PIXELS = 56 * 56
+# 56x56 layers (few channels). At 28x28 it lost 5-20 % until the GEMM's tiles ran over blocks of pixels
+# (``cpu_matmul.B_BLOCK_BYTES``); since, it wins there too (one core, ``results/rerun/cpu-pointwise-28/``: the zoo's
+# 28x28 layers 1.01-1.38x, 32 -> 192 0.90x -> 1.25x onnxruntime). 14x14 (196 pixels) is no multiple of a vector
+# and keeps the channel-vector tile.
+POINTWISE_GEMM_PIXELS = 28 * 28
 
 
 def _conv2d_nchw_hwio(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:

@@ -47,18 +47,19 @@ def test_conv_bias_relu_residual(capsys, tmp_path, rng, ic, oc, hw, k, stride, p
     assert list(_kernels(tmp_path).values()) == ["hand:CpuConv2d"]  # bias, ReLU and the residual fused into it
 
 
-def test_pointwise_conv_over_many_pixels_is_a_gemm(capsys, tmp_path, rng):
-    """A 1x1 stride-1 conv over >= 56x56 pixels runs as a GEMM with vectors along the pixels (CpuMatmul), with
+@pytest.mark.parametrize("h, w", [(56, 64), (28, 36)])
+def test_pointwise_conv_over_many_pixels_is_a_gemm(capsys, tmp_path, rng, h, w):
+    """A 1x1 stride-1 conv over >= 28x28 pixels runs as a GEMM with vectors along the pixels (CpuMatmul), with
     its bias, ReLU6 and residual add fused; odd channel counts (MobileNetV2's 24 -> 144)."""
-    w = rng.standard_normal((40, 24, 1, 1)).astype(np.float32) * 0.3
+    weight = rng.standard_normal((40, 24, 1, 1)).astype(np.float32) * 0.3
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Clip", ["c", "lo", "hi"], ["r"]),
              helper.make_node("Add", ["r", "skip"], ["y"])]
-    inits = {"w": w, "b": rng.standard_normal(40).astype(np.float32), "lo": np.array(0, np.float32),
+    inits = {"w": weight, "b": rng.standard_normal(40).astype(np.float32), "lo": np.array(0, np.float32),
              "hi": np.array(6, np.float32)}
-    model = make_model(nodes, [("x", F, [2, 24, 56, 64]), ("skip", F, [2, 40, 56, 64])], [("y", F, [2, 40, 56, 64])],
+    model = make_model(nodes, [("x", F, [2, 24, h, w]), ("skip", F, [2, 40, h, w])], [("y", F, [2, 40, h, w])],
                        inits)
-    inputs = {"x": rng.standard_normal((2, 24, 56, 64)).astype(np.float32) * 2,
-              "skip": rng.standard_normal((2, 40, 56, 64)).astype(np.float32)}
+    inputs = {"x": rng.standard_normal((2, 24, h, w)).astype(np.float32) * 2,
+              "skip": rng.standard_normal((2, 40, h, w)).astype(np.float32)}
     ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
     assert rel_err(ours["y"], ref["y"]) < 1e-5
     assert list(_kernels(tmp_path).values()) == ["hand:CpuMatmul"]

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
-from benchmarks.cpu_ab import compare  # noqa: E402
+from benchmarks.cpu_ab import compare, pointwise  # noqa: E402
 from tests.helpers import make_model, save  # noqa: E402
 
 F = TensorProto.FLOAT
@@ -26,12 +26,6 @@ CONVS = {"pw64-256-56": (64, 256, 56), "pw256-64-56": (256, 64, 56), "pw64-64-56
          "pw144-24-56": (144, 24, 56)}
 GEMMS = {"mm128-768-3072": (128, 768, 3072), "mm128-3072-768": (128, 3072, 768), "mm197-768-768": (197, 768, 768)}
 MODELS = ("resnet50", "mobilenet_v2", "vit_b_16")
-
-
-def pointwise(ic: int, oc: int, hw: int, rng: np.random.Generator) -> onnx.ModelProto:
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"]), helper.make_node("Relu", ["d"], ["y"])]
-    inits = {"w": rng.standard_normal((oc, ic, 1, 1)).astype(np.float32), "b": rng.standard_normal(oc).astype(np.float32)}
-    return make_model(nodes, [("x", F, [1, ic, hw, hw])], [("y", F, [1, oc, hw, hw])], inits)
 
 
 def dense(m: int, k: int, n: int, rng: np.random.Generator) -> onnx.ModelProto:
