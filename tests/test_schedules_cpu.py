@@ -21,6 +21,15 @@ def _kernels(tmp_path) -> dict[str, str]:
         return json.loads(zf.read("manifest.json"))["kernels"]
 
 
+def _hand_kernel(tmp_path, model, rule: str) -> tvm.tirx.PrimFunc:
+    """The one kernel of ``model`` that ``rule`` scheduled for ``cpu``, as the pipeline prepares it (no build)."""
+    from compiler import pipeline
+
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
+    (name,) = [n for n, r in prep.hand.items() if r == rule]
+    return prep.mod[name]
+
+
 @pytest.mark.parametrize(
     "ic, oc, hw, k, stride, pad, dilation",
     # OC of no vector width, HWIO weights; OC of whole weight panels (32 channels), 7x7 output and a strided 1x1
@@ -70,16 +79,14 @@ def test_gemm_tile_streams_a_block_of_columns(tmp_path, rng, ic, blocked):
     """Each parallel GEMM tile runs over a block of consecutive column tiles, storing the accumulators after each
     (an output row written in long runs), as many as keep B's slice within ``B_BLOCK_BYTES``: several for a 1x1
     conv's K = 64, one for K = 2048 (the transformer GEMMs' case, unchanged)."""
-    from compiler import pipeline
-
     w = rng.standard_normal((48, ic, 1, 1)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", F, [1, ic, 56, 56])],
                        [("y", F, [1, 48, 56, 56])], {"w": w})
-    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
-    (name,) = [n for n, rule in prep.hand.items() if rule == "CpuMatmul"]
-    func = prep.mod[name]
+    func = _hand_kernel(tmp_path, model, "CpuMatmul")
     out = func.params[-1].name
-    (tile,) = [f for f in _loops(func.body) if f.kind == tvm.tirx.ForKind.PARALLEL]
+    loops: list = []
+    tvm_ffi.structural_walk(func.body, [(tvm.tirx.For, loops.append)])
+    (tile,) = [f for f in loops if f.kind == tvm.tirx.ForKind.PARALLEL]
     block = tile.body
     assert isinstance(block, tvm.tirx.For) and block.kind == tvm.tirx.ForKind.SERIAL, func.script()[-2000:]
     assert (int(block.extent) > 1) == blocked
@@ -88,25 +95,15 @@ def test_gemm_tile_streams_a_block_of_columns(tmp_path, rng, ic, blocked):
     assert out in stores  # the accumulators are stored inside the block, once per column tile
 
 
-def _loops(stmt) -> list:
-    loops: list = []
-    tvm_ffi.structural_walk(stmt, [(tvm.tirx.For, loops.append)])
-    return loops
-
-
 def test_conv_epilogue_is_stored_in_vectors(tmp_path, rng):
     """The tile's epilogue (bias + residual) is written with vector stores along the output row: scalar
     stores of it made a fused 1x1 conv 3x slower than the same conv without epilogue (20 x 20 pixels: fewer than
     a pointwise GEMM takes)."""
-    from compiler import pipeline
-
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
     w = rng.standard_normal((16, 16, 1, 1)).astype(np.float32)
     model = make_model(nodes, [("x", F, [1, 16, 20, 20])], [("y", F, [1, 16, 20, 20])],
                        {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
-    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
-    (name,) = [n for n, rule in prep.hand.items() if rule == "CpuConv2d"]
-    func = prep.mod[name]
+    func = _hand_kernel(tmp_path, model, "CpuConv2d")
     out = func.params[-1].name
     vector_stores = []
 
@@ -185,16 +182,12 @@ def test_strided_depthwise_reads_phases_of_its_padded_copy(tmp_path, rng, hw, ph
     """A stride-2 depthwise conv's padded plane is copied with its columns dealt into two phases (even, odd), so
     that each tap reads a contiguous vector (gathering every other column ran MobileNetV2's stride-2 layers at
     0.57-0.69x onnxruntime); a padded row of odd length cannot be dealt evenly and keeps the plain copy."""
-    from compiler import pipeline
-
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=4, strides=[2, 2], pads=[1, 1, 1, 1])]
     out = (hw - 1) // 2 + 1
     model = make_model(nodes, [("x", F, [1, 4, hw, hw])], [("y", F, [1, 4, out, out])],
                        {"w": rng.standard_normal((4, 1, 3, 3)).astype(np.float32)})
-    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
-    (name,) = [n for n, rule in prep.hand.items() if rule == "CpuDepthwise"]
     shapes = []
-    tvm_ffi.structural_walk(prep.mod[name].body, [(tvm.s_tir.SBlock, lambda b: shapes.extend(
+    tvm_ffi.structural_walk(_hand_kernel(tmp_path, model, "CpuDepthwise").body, [(tvm.s_tir.SBlock, lambda b: shapes.extend(
         [int(d) for d in buf.shape] for buf in b.alloc_buffers if buf.name == "pad_temp"))])
     assert shapes == ([[1, 4, hw + 2, 2, (hw + 2) // 2]] if phased else [[1, 4, hw + 2, hw + 2]])
 
