@@ -2,13 +2,15 @@
 """GEMM benchmark: tvmpipe's tensor-core kernel (``schedules/gpu_matmul.py``) against TVM's default (DLight,
 what ``--no-custom-schedules`` gives) and ``torch.matmul`` (cuBLAS), side by side in one run on the GPU machine.
 
-    python3 benchmarks/matmul.py --out DIR      # GPU machine (torch + TVM's compiler): DIR/matmul-<device>.json
-    python benchmarks/matmul.py --table JSON    # a results file as a markdown table
+    python benchmarks/matmul.py --build [--dir DIR]        # here: every kernel into DIR/kernels.so (build/gpu/matmul)
+    python3 benchmarks/matmul.py --run [--dir DIR] --out OUT  # GPU machine (TVM runtime + torch): OUT/matmul-<device>.json
+    python benchmarks/matmul.py --table JSON               # a results file as a markdown table
 
 The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batch 1) plus a square one, in fp16
 and in fp32 (3xTF32 on the tensor cores; torch's fp32 matmul is cuBLAS's FP32 SGEMM, TF32 off by default);
 ``VARIANTS`` times other tile configurations beside the chosen one, which is how ``gpu_matmul.choose`` was
-picked. Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``:
+picked; on sm_90a every fp16 shape also times the mma.sync kernel the rule takes without wgmma (``mma.sync
+rule``). Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``:
 max |ours - ref| / max |ref|), and ``CHECKS`` runs odd shapes (ragged tiles, M = 1, batch axes) for correctness.
 """
 
@@ -25,6 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import gpu_slug  # noqa: E402
+
+BUILD = REPO / "build" / "gpu" / "matmul"
 
 # (batch, m, n, k, layout, what): layout "nn" = B stored [k, n]; "nt" = B stored [n, k] (the fp16 im2col's patches)
 SHAPES = [
@@ -55,8 +59,12 @@ BIG = [dict(), dict(warps_m=2, warps_n=2, m_tiles=4, n_tiles=8, bk=64, stages=3)
 SMALL = [dict(), dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=4, bk=64, stages=3),
          dict(warps_m=1, warps_n=2, m_tiles=4, n_tiles=4), dict(warps_m=2, warps_n=2, m_tiles=1, n_tiles=4),
          dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=2), dict(warps_m=1, warps_n=4, m_tiles=4, n_tiles=4)]
-VARIANTS = {"square": BIG, "gpt2 b32 mlp up": BIG, "gpt2 b32 attn proj": BIG, "bert b1": SMALL, "vit b1 mlp down": SMALL,
-            "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL}
+# wgmma (sm_90a): the rule's two tiles, 128 x 128 in 3 stages (two CTAs an SM), and persistent CTAs (one or two an SM)
+WGMMA = [dict(warps_m=8, warps_n=1, m_tiles=1, n_tiles=n, bk=64, stages=st, wgmma=True, persistent=p)
+         for n, st, p in ((32, 4, 0), (16, 4, 0), (16, 3, 0), (16, 6, 0), (32, 4, 132), (16, 4, 132), (16, 6, 132), (16, 3, 264))]
+VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
+            "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
+            "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "gpt2 b32 lm head": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA}
 VARIANTS_FP32 = {
     "square": [dict(n_tiles=4, stages=3), dict(n_tiles=4, stages=4), dict(m_tiles=2, n_tiles=8, stages=3),
                dict(warps_m=2, warps_n=4, n_tiles=4, stages=3)],
@@ -93,53 +101,73 @@ def fused_gemm(batch: tuple, m: int, n: int, k: int, layout: str, dtype: str):
     return func, target
 
 
-def compile_cases(cases: list[dict]):
-    """One CUDA module with every case's kernel: tvmpipe's (the rule), DLight's, or a tile variant."""
+RUNS = ([("float16", s) for s in SHAPES] + [("float32", s) for s in SHAPES_FP32]
+        + [(dt, (*c, "check")) for dt in ("float16", "float32") for c in CHECKS])
+
+
+def build(folder: Path) -> None:
+    """One CUDA module with every case's kernel (tvmpipe's: the rule; DLight's; tile variants; on sm_90a the mma.sync
+    rule beside wgmma) -> ``folder``/kernels.so and its cases.json."""
+    import dataclasses
+
     import tvm
 
     from compiler import cuda_binary, tuning
+    from compiler.build import Built
     from schedules import gpu_matmul
+    from schedules.common import has_wgmma
 
-    funcs = {}
-    for case in cases:
-        func, target = fused_gemm(tuple(case["batch"]), case["m"], case["n"], case["k"], case["layout"], case["dtype"])
-        if case["impl"] == "dlight":
-            mod, provenance, _ = tuning.apply(tvm.IRModule({"main": func}), target)
-            func, case["schedule"] = mod["main"], provenance["main"]
+    t0 = time.perf_counter()
+    cases, funcs = [], {}
+    for dtype, (batch, m, n, k, layout, what) in RUNS:
+        func, target = fused_gemm(batch, m, n, k, layout, dtype)
+        spec, wgmma = gpu_matmul.match(func), has_wgmma(target.target)
+        shape = {"dtype": dtype, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout, "what": what}
+        kernels = [("tvmpipe", gpu_matmul.choose(spec, wgmma))]
+        if what == "check":
+            kernels += [("mma.sync rule", gpu_matmul.choose(spec))] if wgmma and dtype != "float32" else []
         else:
-            spec = gpu_matmul.match(func)
-            cfg = gpu_matmul.GemmConfig(**case["variant"]) if "variant" in case else gpu_matmul.choose(spec)
-            func, case["schedule"] = gpu_matmul.kernel(spec, cfg), cfg.name
-        funcs[case["name"]] = func.with_attr("global_symbol", case["name"])
+            mod, provenance, _ = tuning.apply(tvm.IRModule({"main": func}), target)
+            kernels += [("dlight", (mod["main"], provenance["main"]))]
+            kernels += [("mma.sync rule", gpu_matmul.choose(spec))] if wgmma and dtype != "float32" else []
+            kernels += [("variant", gpu_matmul.GemmConfig(**v))
+                        for v in (VARIANTS if dtype == "float16" else VARIANTS_FP32).get(what, [])]
+        for impl, how in kernels:
+            name = f"{impl.split()[0].replace('.', '_')}_{len(cases)}"
+            if impl == "dlight":
+                kfunc, schedule = how
+            else:
+                kfunc, schedule = gpu_matmul.kernel(spec, how), how.name
+            case = {**shape, "impl": impl, "name": name, "schedule": schedule}
+            if impl == "variant":
+                case["variant"] = dataclasses.asdict(how)
+            cases.append(case)
+            funcs[name] = kfunc.with_attr("global_symbol", name)
     with cuda_binary.exact_math():
-        return tvm.compile(tvm.IRModule(funcs), target.target)
+        exe = tvm.compile(tvm.IRModule(funcs), target.target)
+    folder.mkdir(parents=True, exist_ok=True)
+    Built(exe, target).export(folder / "kernels.so")
+    (folder / "cases.json").write_text(json.dumps(cases, indent=1))
+    print(f"built {len(cases)} kernels -> {folder}/kernels.so in {time.perf_counter() - t0:.0f} s")
 
 
-def run(out: Path) -> None:
+def run(folder: Path, out: Path) -> None:
+    """Check and time ``folder``'s kernels with cuBLAS beside them (GPU machine)."""
     import torch
     import tvm
     import tvm_ffi
 
     from benchmarks.softmax import gpu_bench
+    from compiler.runtime import load_cuda_runtime
 
-    runs = [("float16", s) for s in SHAPES] + [("float32", s) for s in SHAPES_FP32]
-    runs += [(dt, (*c, "check")) for dt in ("float16", "float32") for c in CHECKS]
-    cases = []
-    for dtype, (batch, m, n, k, layout, what) in runs:
-        shape = {"dtype": dtype, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout, "what": what}
-        cases += [{**shape, "impl": "tvmpipe"}] + ([{**shape, "impl": "dlight"}] if what != "check" else [])
-        variants = (VARIANTS if dtype == "float16" else VARIANTS_FP32).get(what, [])
-        cases += [{**shape, "impl": "variant", "variant": v} for v in variants]
-    for i, case in enumerate(cases):
-        case["name"] = f"{case['impl']}_{i}"
-    t0 = time.perf_counter()
-    lib = compile_cases(cases)
-    print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+    load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
+    cases = json.loads((folder / "cases.json").read_text())
+    lib = tvm.runtime.load_module(str(folder / "kernels.so"))
     device = gpu_slug()
     records = []
     torch.manual_seed(0)
     with tvm_ffi.use_torch_stream():
-        for dtype, (batch, m, n, k, layout, what) in runs:
+        for dtype, (batch, m, n, k, layout, what) in RUNS:
             tdt = getattr(torch, dtype)
             a = torch.randn(*batch, m, k, dtype=tdt, device="cuda")
             b = torch.randn(*batch, *((k, n) if layout == "nn" else (n, k)), dtype=tdt, device="cuda")
@@ -176,13 +204,15 @@ def table(path: Path) -> str:
     """Chosen kernel, DLight and cuBLAS per shape (TFLOP/s), the ratio to cuBLAS and tvmpipe's error (checked
     against ``TOLERANCE`` here, so a file from a run with another tolerance reads the same)."""
     records = json.loads(path.read_text())
-    rows = ["| GEMM | dtype | batch x M x N x K | tvmpipe | DLight | cuBLAS | tvmpipe / cuBLAS | tvmpipe max rel err |",
-            "|---|---|---|---|---|---|---|---|"]
+    mma = any(r["impl"] == "mma.sync rule" for r in records)  # an sm_90a run: the rule's kernel without wgmma too
+    rows = [f"| GEMM | dtype | batch x M x N x K | tvmpipe | {'mma.sync | ' if mma else ''}DLight | cuBLAS | "
+            "tvmpipe / cuBLAS | tvmpipe max rel err |", "|---" * (9 if mma else 8) + "|"]
     for r in (r for r in records if r["impl"] == "tvmpipe" and r["ms"]):
         same = {x["impl"]: x for x in records if (x["what"], x["dtype"]) == (r["what"], r["dtype"]) and x["ms"]}
         shape = f"{'x'.join(map(str, r['batch'])) or 1} x {r['m']} x {r['n']} x {r['k']} ({r['layout']})"
-        rows.append(f"| {r['what']} | {r['dtype']} | {shape} | {r['tflops']:.0f} | {same['dlight']['tflops']:.0f} | "
-                    f"{same['torch']['tflops']:.0f} | {r['tflops'] / same['torch']['tflops']:.2f} | "
+        sync = f"{same['mma.sync rule']['tflops']:.0f}" if "mma.sync rule" in same else "(same)"
+        rows.append(f"| {r['what']} | {r['dtype']} | {shape} | {r['tflops']:.0f} | {sync + ' | ' if mma else ''}"
+                    f"{same['dlight']['tflops']:.0f} | {same['torch']['tflops']:.0f} | {r['tflops'] / same['torch']['tflops']:.2f} | "
                     f"{r['max_rel_err']:.1e}{'' if r['max_rel_err'] <= TOLERANCE[r['dtype']] else ' (over tolerance)'} |")
     checks = [r for r in records if r["what"] == "check"]
     bad = [r for r in checks if r["max_rel_err"] > TOLERANCE[r["dtype"]]]
@@ -193,15 +223,19 @@ def table(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, help="run on this GPU machine and write matmul-<device>.json here")
-    p.add_argument("--table", type=Path, metavar="JSON", help="print a results file as a markdown table")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--build", action="store_true", help="compile the GEMM kernels here (needs TVM's compiler)")
+    mode.add_argument("--run", action="store_true", help="check and time them on the GPU (TVM runtime + torch)")
+    mode.add_argument("--table", type=Path, metavar="JSON", help="print a results file as a markdown table")
+    p.add_argument("--dir", type=Path, default=BUILD, help="--build / --run: the kernels' folder")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="--run: where the JSON goes")
     args = p.parse_args(argv)
-    if args.table:
-        print(table(args.table))
-    elif args.out:
-        run(args.out)
+    if args.build:
+        build(args.dir)
+    elif args.run:
+        run(args.dir, args.out)
     else:
-        p.error("give --out DIR (GPU machine) or --table JSON")
+        print(table(args.table))
     return 0
 
 

@@ -75,11 +75,10 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm.script import tirx as T
 
-from compiler.targets import cuda_arch
-
 from . import attention_cuda_decode
 from .attention import by_query_rows, causal_offset, kernel_signature
-from .common import LOG2E, TC_DTYPES, ex2, mma_ops, row_copier, sm_count, sm_version, warp_shuffle_xor
+from .common import (LOG2E, TC_DTYPES, ex2, has_wgmma, mma_ops, pin, row_copier, sm_count, sm_version, warp_shuffle_xor,
+                     wgmma_desc)
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
 
@@ -87,11 +86,6 @@ TC_HEAD_DIMS = (32, 64, 96, 128)
 def tensor_cores(dtype: str, head_dim: int, head_dim_v: int, target: tvm.target.Target) -> bool:
     """Whether attention of this type and head dims gets the tensor-core kernel on ``target``."""
     return dtype in TC_DTYPES and head_dim == head_dim_v and head_dim in TC_HEAD_DIMS and sm_version(target) >= 80
-
-
-def has_wgmma(target: tvm.target.Target) -> bool:
-    """Whether ``target`` has Hopper's warpgroup MMA (``sm_90a``: wgmma exists only in the arch-specific ISA)."""
-    return sm_version(target) >= 90 and cuda_arch(str(target.attrs["arch"]))[1] == "a"
 
 
 def kernel(spec, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -482,16 +476,8 @@ def mma_body(spec, cfg: TileConfig):
         """Shared-window address of TMA mbarrier ``i`` (``SMEM_ALLOC``: full[stages], empty[stages], Q's)."""
         return sbase[0] + T.Cast("uint32", SMEM * 2 + i * 8)
 
-    def desc(sbase, off, lbo, sbo):
-        """wgmma shared-memory matrix descriptor of the tile at element ``off`` (``at``'s layout); strides in bytes."""
-        addr = T.Cast("uint64", ((sbase + T.Cast("uint32", off * 2)) >> T.uint32(4)) & T.uint32(0x3FFF))
-        return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32 | (1 << 62 if SW else 0))
-
-    # A register pin: an empty asm that claims to rewrite the register, so the compiler keeps every use of it after
-    # the wgmma wait that precedes the pin (TVM's wgmma_noop_barrier takes its operand by value, pinning a copy).
-    # Uses hoisted above the wait make ptxas serialise all wgmma of the kernel.
-    pin_src = {t: f'__forceinline__ __device__ void tvmpipe_pin_{t}({t}& r) {{ asm volatile("" : "+{c}"(r) :: "memory"); }}'
-               for t, c in (("float", "f"), ("uint", "r"))}
+    def desc(sbase, off, lbo, sbo):  # of the tile at element ``off`` (``at``'s layout)
+        return wgmma_desc(sbase, off, lbo, sbo, SW)
 
     wab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
     # descriptor strides (LBO, SBO) in bytes, see ``at`` (K-major swizzled: LBO unused)
@@ -567,11 +553,6 @@ def mma_body(spec, cfg: TileConfig):
         def your_turn():  # ping-pong: this group's GEMM is issued, the other group's may start
             if cfg.pingpong:
                 T.ptx["bar.arrive"](T.Cast("uint32", 2 - warp // (cfg.warps // 2)), T.uint32(NC))
-
-        @T.inline
-        def pin(buf, n, ctype):
-            for i in T.unroll(n):
-                T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=pin_src[ctype]))
 
         @T.inline
         def qk_wgmma(stage, qo):

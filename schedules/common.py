@@ -155,6 +155,32 @@ def sm_version(target: Target) -> int:
     return cuda_arch(str(target.attrs.get("arch", "sm_80")))[0]
 
 
+def has_wgmma(target: Target) -> bool:
+    """Whether ``target`` has Hopper's warpgroup MMA (``sm_90a``: wgmma exists only in the arch-specific ISA)."""
+    return sm_version(target) >= 90 and cuda_arch(str(target.attrs["arch"]))[1] == "a"
+
+
+def wgmma_desc(sbase, off, lbo: int, sbo: int, swizzle: bool):
+    """wgmma shared-memory matrix descriptor of the 2-byte-element tile at element ``off`` of the shared window at
+    ``sbase``: leading / stride byte offsets ``lbo`` / ``sbo``, the 128-byte swizzle or none (the PTX ISA's layout)."""
+    addr = T.Cast("uint64", ((sbase + T.Cast("uint32", off * 2)) >> T.uint32(4)) & T.uint32(0x3FFF))
+    return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32 | (1 << 62 if swizzle else 0))
+
+
+# A register pin: an empty asm that claims to rewrite the register, so the compiler keeps every use of it after
+# the wgmma wait that precedes the pin (TVM's wgmma_noop_barrier takes its operand by value, pinning a copy).
+# Uses hoisted above the wait make ptxas serialise all wgmma of the kernel (CUTLASS's warpgroup_fence_operand).
+_PIN_SOURCE = {t: f'__forceinline__ __device__ void tvmpipe_pin_{t}({t}& r) {{ asm volatile("" : "+{c}"(r) :: "memory"); }}'
+               for t, c in (("float", "f"), ("uint", "r"))}
+
+
+@T.inline
+def pin(buf, n, ctype):
+    """Pin registers ``buf[:n]`` of C type ``ctype`` ("float" / "uint") at this point of the kernel."""
+    for i in T.unroll(n):
+        T.evaluate(T.cuda.func_call(f"tvmpipe_pin_{ctype}", buf[i], source_code=_PIN_SOURCE[ctype]))
+
+
 def warp_shuffle_xor(value: tirx.PrimExpr, lane_mask) -> tirx.PrimExpr:
     """``value`` of the lane whose index differs from this lane's by ``lane_mask`` (XOR), all 32 lanes taking part."""
     return tvm_warp_shuffle_xor(tirx.const(0xFFFFFFFF, "uint32"), value, lane_mask, 32, 32)

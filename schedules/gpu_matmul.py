@@ -37,7 +37,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import sm_count, sm_version, substitute, uses
+from .common import has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
@@ -58,6 +58,10 @@ class GemmConfig:
     n_tiles: int = 8  # even: one ldmatrix.x4 feeds two n-tiles
     bk: int = 32
     stages: int = 4
+    # Hopper (sm_90a, fp16 / bf16): each 4 warps (a warpgroup: warps_m a multiple of 4, m_tiles 1, warps_n 1) run
+    # their 64 x bn tile as wgmma.m64nBNk16 from 128-byte swizzled shared tiles (bk = 64: one swizzle row)
+    wgmma: bool = False
+    persistent: int = 0  # wgmma: this many CTAs, each looping over every persistent-th output tile (0: a CTA a tile)
 
     @property
     def bm(self) -> int:
@@ -73,7 +77,7 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}"
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}{f'p{self.persistent}' if self.persistent else ''}"
 
 
 @dataclass(frozen=True)
@@ -246,9 +250,15 @@ CONFIGS_TF32 = (GemmConfig(n_tiles=4, stages=3), GemmConfig(m_tiles=2, n_tiles=4
                 GemmConfig(m_tiles=1, n_tiles=4, stages=3))
 
 
-def choose(spec: GemmSpec) -> GemmConfig:
-    """The largest tile that still gives every SM a CTA, else the smallest."""
-    configs = CONFIGS_TF32 if spec.dtype == "float32" else CONFIGS
+# sm_90a, fp16 / bf16: two warpgroups of 64 x 256 (or 64 x 128) wgmma tiles, 4 stages of 64-deep k-tiles (196 / 128 KB)
+WGMMA_CONFIGS = (GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=32, bk=64, stages=4, wgmma=True),
+                 GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=16, bk=64, stages=4, wgmma=True))
+
+
+def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
+    """The largest tile that still gives every SM a CTA, else the smallest; ``wgmma`` (an sm_90a target) tries its
+    tiles first."""
+    configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *CONFIGS) if wgmma else CONFIGS
     for cfg in configs:
         if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= sm_count():
             return cfg
@@ -263,7 +273,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     MT, NTL, S, BK = cfg.m_tiles, cfg.n_tiles, cfg.stages, cfg.bk
     BM, BN, NT = cfg.bm, cfg.bn, cfg.threads
     WM, WN = MT * 16, NTL * 8  # rows / columns per warp
-    tf32 = dtype == "float32"
+    tf32, WG = dtype == "float32", cfg.wgmma
     CH, KSTEP = chunk(dtype), 8 if tf32 else 16  # elements per 16-byte copy; K per mma
     # padded smem rows (elements): a 16-byte shift per row keeps ldmatrix (and tf32's scalar fragment loads) free of
     # bank conflicts; a [k, n] tile of fp32 is read down its columns, so its rows shift by 8 banks
@@ -273,35 +283,55 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     else:
         BP, B_ROWS, B_CPR = BN + 8, BK, BN // CH
     A_CPR = BK // CH
-    A_STAGE, B_STAGE = BM * AP, B_ROWS * BP
+    A_STAGE, B_STAGE = (BM * BK, BN * BK) if WG else (BM * AP, B_ROWS * BP)
+    assert not WG or (not tf32 and BK == 64 and MT == 1 and cfg.warps_n == 1 and cfg.warps_m % 4 == 0
+                      and BN % 64 == 0 and BN <= 256 and A_STAGE * 2 % 1024 == 0), f"wgmma tile {cfg.name}"
+
+    def swizzled(r, c):
+        """Offset of element (r, c) of a tile of 64-element (128-byte) rows in wgmma's 128-byte swizzle: the 16-byte
+        chunk c / 8 of row r at chunk (c / 8) ^ (r % 8), which wgmma undoes from address bits 7-9 (tiles start
+        1024-byte aligned); 8 lanes copying a row's 128 bytes then fill 8 bank groups."""
+        return r * 64 + (c // 8 ^ r % 8) * 8 + c % 8
+
+    def a_place(r, c):  # A tile element (row i, k): padded rows, or wgmma's K-major swizzled rows
+        return swizzled(r, c) if WG else r * AP + c
+
+    def b_place(r, c):  # B tile element (copy row, column): [n, k] as A; [k, n] for wgmma MN-major, 64 n a block
+        if not WG:
+            return r * BP + c
+        return swizzled(r, c) if spec.b_k_major else c // 64 * (BK * 64) + swizzled(r, c % 64)
     B_OFF = S * A_STAGE
     SMEM = B_OFF + S * B_STAGE
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
     assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
 
+    # wgmma: the copies' sizes as a select (TVM writes if_then_else as an if / else, a branch, across which ptxas
+    # serialises the wgmma in flight); the mma.sync kernels keep the form they were measured with
+    fill = T.Select if WG else T.if_then_else
+
     @T.macro
-    def copy_tile(smem, base, src, at, row0, nrows, col0, ncols, rows, cpr, pitch, bv, tx):
+    def copy_tile(smem, base, src, at, row0, nrows, col0, ncols, rows, cpr, place, bv, tx):
         """cp.async ``rows`` x ``cpr`` 16-byte chunks of a row-major operand (indices ``at(bv, row, col)``) from
-        (row0, col0) into smem[base:], rows ``pitch`` apart; chunks past (nrows, ncols) read as 0."""
+        (row0, col0) into smem[base:], element (r, c) at ``place(r, c)``; chunks past (nrows, ncols) read as 0."""
         for it in T.unroll(rows * cpr // NT):
             r = T.meta_var((it * NT + tx) // cpr)
             c = T.meta_var((it * NT + tx) % cpr * CH)
             T.ptx["cp.async.cg.shared.global"](
-                smem.ptr_to([base + r * pitch + c]),
+                smem.ptr_to([base + place(r, c)]),
                 src.ptr_to(at(bv, T.min(row0 + r, nrows - 1), T.min(col0 + c, ncols - CH))),
                 16,
-                T.Cast("uint32", T.if_then_else(T.And(row0 + r < nrows, col0 + c < ncols), 16, 0)),
+                T.Cast("uint32", fill(T.And(row0 + r < nrows, col0 + c < ncols), 16, 0)),
             )
 
     @T.macro
     def load_stage(smem, kt, stage, bv, m0, n0, tx):
         """cp.async the A and B tiles of k-tile ``kt`` into ring slot ``stage``."""
-        copy_tile(smem, stage * A_STAGE, A, spec.a_at, m0, M, kt * BK, K, BM, A_CPR, AP, bv, tx)
+        copy_tile(smem, stage * A_STAGE, A, spec.a_at, m0, M, kt * BK, K, BM, A_CPR, a_place, bv, tx)
         if spec.b_k_major:  # rows are output columns j, chunks along k
-            copy_tile(smem, B_OFF + stage * B_STAGE, B, spec.b_at, n0, N, kt * BK, K, B_ROWS, B_CPR, BP, bv, tx)
+            copy_tile(smem, B_OFF + stage * B_STAGE, B, spec.b_at, n0, N, kt * BK, K, B_ROWS, B_CPR, b_place, bv, tx)
         else:  # rows are k, chunks along j
-            copy_tile(smem, B_OFF + stage * B_STAGE, B, spec.b_at, kt * BK, K, n0, N, B_ROWS, B_CPR, BP, bv, tx)
+            copy_tile(smem, B_OFF + stage * B_STAGE, B, spec.b_at, kt * BK, K, n0, N, B_ROWS, B_CPR, b_place, bv, tx)
 
     @T.macro
     def ldmatrix(trans, frag, frag_off, smem, smem_off):
@@ -364,17 +394,8 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                                  acc.data, (mt * NTL + nt) * 4, False, dtype=f32)
 
     @T.macro
-    def gemm(smem, bm, bn, bz, tx):
-        acc = T.alloc_buffer((MT * NTL * 4,), f32, scope="local")
-        warp = T.meta_var(tx // 32)
-        lane = T.meta_var(tx % 32)
-        wm = T.meta_var(warp // cfg.warps_n)
-        wn = T.meta_var(warp % cfg.warps_n)
-        m0 = T.meta_var(bm * BM)
-        n0 = T.meta_var(bn * BN)
-        bv = T.meta_var(_unravel(bz, spec.batch))
-        for i in T.unroll(MT * NTL * 4):
-            acc[i] = T.float32(0)
+    def mainloop_mma(smem, acc, bv, m0, n0, tx, wm, wn, lane):
+        """acc += this warp's tile of A B over all of K, mma.sync from a ring of ``S`` stages (S - 1 in flight)."""
         for p in T.unroll(S - 1):  # prologue: k-tiles 0 .. S-2 in flight, one commit group each
             if p < KT:
                 load_stage(smem, p, p, bv, m0, n0, tx)
@@ -394,7 +415,18 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                     step_f16(smem, a_base, b_base, kk, wm, wn, lane, acc)
             T.tvm_storage_sync("shared")
         T.ptx.cp.async_.wait_group(0)
-        # epilogue: accumulator c of tile (mt, nt) is row g + c/2*8, column 2t + c%2 (g = lane / 4, t = lane % 4)
+
+    # wgmma's B: K-major as A ([n, k]: LBO unused, 8-row groups 1024 B apart), or MN-major ([k, n]: blocks of 64 n
+    # BK rows of 128 B apart, 8 k 1024 B apart, read transposed)
+    B_STRIDES, B_TRANS = ((16, 1024), 0) if spec.b_k_major else ((BK * 128, 1024), 1)
+    wab = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)  # (wgmma's names)
+    WGMMA = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{wab}.{wab}"
+
+    @T.macro
+    def store_tile(acc, bz, m0, n0, wm, wn, lane):
+        """The epilogue: accumulator c of tile (mt, nt) is row g + c/2*8, column 2t + c%2 (g = lane / 4, t = lane %
+        4); wgmma's m64nN accumulators are laid out so too, warp w of a warpgroup holding its rows 16 (w % 4).."""
+        bv = T.meta_var(_unravel(bz, spec.batch))
         for mt in T.unroll(MT):
             for nt in T.unroll(NTL):
                 for c in T.unroll(4):
@@ -404,8 +436,83 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                         T.buffer_store(out, spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, row, col),
                                        spec.out_at(bv, row, col))
 
+    TILES = nbatch * gm * gn  # output tiles, numbered with N's fastest (CTAs in flight share their A row tile in L2)
+    CTAS = cfg.persistent or TILES
+
+    def tile_origin(t):  # (flat batch index, first row, first column) of output tile t
+        bz, bm, bn = _unravel(t, (nbatch, gm, gn))
+        return bz, bm * BM, bn * BN
+
+    @T.macro
+    def load_step(smem, g, steps, cta, tx):
+        """cp.async this CTA's k-step g (its tile g / KT, k-tile g % KT) into ring slot g % S; a step past the CTA's
+        ``steps`` starts past M and N: zero-filled, nothing read."""
+        bz, m0, n0 = T.meta_var(tile_origin(T.min(cta + g // KT * CTAS, TILES - 1)))
+        load_stage(smem, g % KT, g % S, _unravel(bz, spec.batch), T.Select(g < steps, m0, M), T.Select(g < steps, n0, N), tx)
+
+    @T.macro
+    def gemm_wgmma(smem, cta, _bn, _bz, tx):
+        """Output tiles cta, cta + CTAS, ... of 64 x BN per warpgroup, wgmma from a ring of ``S`` stages that runs on
+        across the tiles: k-step g is issued while g - 1 may still run (one commit group in flight), so the copies
+        run S - 2 steps ahead (into the next tile's first k-tiles while a tile's epilogue stores), into the slot of
+        step g - 2, which every warpgroup has waited for by the barrier of step g."""
+        acc = T.alloc_buffer((NTL * 4,), f32, scope="local")
+        sbase = T.alloc_buffer((1,), "uint32", scope="local")  # the shared buffer's shared-window address
+        warp = T.meta_var(tx // 32)
+        n_tiles = T.meta_var((TILES - cta + CTAS - 1) // CTAS)
+        sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
+        for p in T.unroll(S - 2):  # prologue: steps 0 .. S-3 in flight, one commit group each
+            load_step(smem, p, n_tiles * KT, cta, tx)
+            T.ptx.cp.async_.commit_group()
+        for i in T.serial(n_tiles):
+            for kt in T.serial(KT):
+                g = T.meta_var(i * KT + kt)
+                T.ptx.cp.async_.wait_group(S - 3)  # step g has landed
+                T.ptx["fence.proxy.async.shared::cta"]()  # cp.async wrote through the generic proxy, wgmma reads async
+                T.tvm_storage_sync("shared")
+                # no branch around it (ptxas serialises every wgmma across a branch while one is in flight): the
+                # steps past the end are zero-filled
+                load_step(smem, g + S - 2, n_tiles * KT, cta, tx)
+                T.ptx.cp.async_.commit_group()
+                pin(acc, NTL * 4, "float")
+                T.ptx["wgmma.fence.sync.aligned"]()
+                for kk in T.unroll(BK // 16):
+                    T.ptx[WGMMA](
+                        *[acc[i] for i in range(NTL * 4)],
+                        wgmma_desc(sbase[0], g % S * A_STAGE + swizzled(warp // 4 * 64, kk * 16), 16, 1024, True),
+                        wgmma_desc(sbase[0], B_OFF + g % S * B_STAGE + b_place(*((0, kk * 16) if spec.b_k_major else (kk * 16, 0))),
+                                   *B_STRIDES, True),
+                        kt + kk > 0, 1, 1, 0, B_TRANS)  # (a tile's first product overwrites: no zeroed registers read)
+                T.ptx["wgmma.commit_group.sync.aligned"]()
+                pin(acc, NTL * 4, "float")
+                T.ptx["wgmma.wait_group.sync.aligned"](1)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            pin(acc, NTL * 4, "float")
+            bz, m0, n0 = T.meta_var(tile_origin(cta + i * CTAS))
+            store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
+        T.ptx.cp.async_.wait_group(0)
+
+    @T.macro
+    def gemm_mma(smem, bm, bn, bz, tx):
+        """Output tile (bm, bn, bz), mma.sync."""
+        acc = T.alloc_buffer((MT * NTL * 4,), f32, scope="local")
+        warp = T.meta_var(tx // 32)
+        lane = T.meta_var(tx % 32)
+        wm = T.meta_var(warp // cfg.warps_n)
+        wn = T.meta_var(warp % cfg.warps_n)
+        m0 = T.meta_var(bm * BM)
+        n0 = T.meta_var(bn * BN)
+        bv = T.meta_var(_unravel(bz, spec.batch))
+        for i in T.unroll(MT * NTL * 4):
+            acc[i] = T.float32(0)
+        mainloop_mma(smem, acc, bv, m0, n0, tx, wm, wn, lane)
+        store_tile(acc, bz, m0, n0, wm, wn, lane)
+
+    gemm = gemm_wgmma if WG else gemm_mma
+
     @T.macro
     def cta(bm, bn, bz, tx):
+        """The CTA's shared buffer, then its output tile (bm, bn, bz); wgmma: its tiles from its number, ``bm``."""
         with T.sblock("gemm"):
             T.reads()
             T.writes()
@@ -420,16 +527,22 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                 gemm_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
                 gemm(gemm_bf16, bm, bn, bz, tx)
 
-    @T.prim_func(private=True, s_tir=True, check_well_formed=False)
-    def template():
-        for bn in T.thread_binding(gn, thread="blockIdx.x"):  # CTAs in flight share their A row tile in L2
-            for bm in T.thread_binding(gm, thread="blockIdx.y"):
-                for bz in T.thread_binding(nbatch, thread="blockIdx.z"):
-                    for tx in T.thread_binding(NT, thread="threadIdx.x"):
-                        cta(bm, bn, bz, tx)
+    if WG:  # (a prim_func is parsed where it is defined: only the one used)
+        @T.prim_func(private=True, s_tir=True, check_well_formed=False)
+        def template():
+            for c in T.thread_binding(CTAS, thread="blockIdx.x"):
+                for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                    cta(c, 0, 0, tx)
+    else:
+        @T.prim_func(private=True, s_tir=True, check_well_formed=False)
+        def template():
+            for bn in T.thread_binding(gn, thread="blockIdx.x"):  # CTAs in flight share their A row tile in L2
+                for bm in T.thread_binding(gm, thread="blockIdx.y"):
+                    for bz in T.thread_binding(nbatch, thread="blockIdx.z"):
+                        for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                            cta(bm, bn, bz, tx)
 
-    f = spec.func
-    return f.with_body(template.body)
+    return spec.func.with_body(template.body)
 
 
 class GpuMatmul(ScheduleRule):
@@ -443,4 +556,4 @@ class GpuMatmul(ScheduleRule):
         spec = match(func)
         if spec is None:
             return None
-        return s_tir.Schedule(kernel(spec, choose(spec)))
+        return s_tir.Schedule(kernel(spec, choose(spec, has_wgmma(target))))

@@ -4,7 +4,10 @@ refuses, and the CLI reporting it for an fp16 model."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -23,6 +26,9 @@ from schedules.gpu_matmul import GemmConfig  # noqa: E402
 
 TARGET = targets.resolve("cuda-sm90").target
 SMALL = GemmConfig(warps_m=1, warps_n=2, m_tiles=2, n_tiles=2, stages=3)  # 32 x 32 tiles: several CTAs on tiny inputs
+# wgmma (sm_90a): one warpgroup of 64 x 64, a ring of 3 stages of 64-deep k-tiles; two warpgroups of 64 x 128 in 4
+WG_SMALL = GemmConfig(warps_m=4, warps_n=1, m_tiles=1, n_tiles=8, bk=64, stages=3, wgmma=True)
+WG_TWO = GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=16, bk=64, stages=4, wgmma=True)
 
 
 def gemm_func(batch: tuple, m: int, n: int, k: int, k_major: bool, dtype: str, epilogue: str, acc: str = "float32"):
@@ -70,6 +76,13 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     ((), 70, 136, 48, False, "float16", "residual", None),  # the chosen configuration (64 x 64 tiles, 4 warps)
     ((), 45, 44, 76, False, "float32", "bias_gelu", SMALL),  # fp32: 3xTF32, 4-element rows
     ((2,), 37, 20, 36, True, "float32", "none", None),
+    ((), 70, 136, 328, False, "float16", "bias_gelu", WG_SMALL),  # wgmma: B [k, n] read MN-major, 6 k-tiles
+    ((2,), 130, 72, 200, True, "float16", "residual", WG_SMALL),  # B [n, k] K-major, ragged M / N / K
+    ((3,), 20, 200, 136, False, "bfloat16", "none", WG_TWO),
+    ((), 1, 8, 24, True, "float16", "none", WG_TWO),  # fewer k-tiles than the ring holds
+    # persistent: the ring runs on across each CTA's tiles (9 tiles on 2 CTAs: 5 and 4; 8 batched tiles on 3)
+    ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, persistent=2)),
+    ((2,), 70, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=3)),
 ]
 
 
@@ -187,3 +200,39 @@ def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
     assert r.code == 0, r.err
     assert "hand:GpuMatmul" in next(ln for ln in r.out.splitlines() if "conv2d_gemm" in ln), r.out
     assert "hand:GpuMatmul" not in next(ln for ln in r.out.splitlines() if "mean" in ln or "pool" in ln), r.out
+
+
+@pytest.mark.parametrize("k_major", [False, True])
+def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
+    """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 where 256 columns leave SMs idle); GEMMs too small to
+    fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
+    from schedules.gpu_matmul import WGMMA_CONFIGS, GpuMatmul
+
+    def config(m, n, k, dtype="float16"):
+        return gpu_matmul.choose(gpu_matmul.match(gemm_func((), m, n, k, k_major, dtype, "none")[0]), wgmma=True)
+
+    assert config(8192, 2304, 768) == WGMMA_CONFIGS[0]
+    assert config(2304, 1024, 768) == WGMMA_CONFIGS[1]  # 18 x 4 tiles of 256 columns (< 132 SMs), 18 x 8 of 128
+    assert not config(128, 768, 768).wgmma and not config(8192, 2304, 768, "float32").wgmma
+    func = gemm_func((), 8192, 2304, 768, k_major, "float16", "none")[0]
+    sm80 = GpuMatmul().apply(func, targets.resolve("cuda-sm80").target, False)
+    sm90 = GpuMatmul().apply(func, TARGET, False)
+    assert "wgmma" not in sm80.mod.script() and "T.ptx.wgmma(acc[0]" in sm90.mod.script()
+
+
+@pytest.mark.parametrize("k_major", [False, True])
+@pytest.mark.parametrize("cfg", range(2))
+def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg):
+    """ptxas serialises every wgmma of a kernel where a branch or a register access falls inside the pipeline (one
+    wgmma group in flight across the k-loop), saying so only in an info line (C7514); the emulator runs such a kernel
+    right. The rule's wgmma tiles, both B layouts, compile with nvcc without it."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on PATH")
+    spec = gpu_matmul.match(gemm_func((), 8192, 2304, 768, k_major, "float16", "bias_gelu")[0])
+    cu = tmp_path / "gemm.cu"
+    cu.write_text(cuda_emu.cuda_source(gpu_matmul.kernel(spec, gpu_matmul.WGMMA_CONFIGS[cfg]), TARGET))
+    done = subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-o", str(tmp_path / "gemm.cubin"), str(cu)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wgmma.mma_async instructions are serialized" not in done.stdout + done.stderr
