@@ -302,6 +302,15 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         return swizzled(r, c) if spec.b_k_major else c // 64 * (BK * 64) + swizzled(r, c % 64)
     B_OFF = S * A_STAGE
     SMEM = B_OFF + S * B_STAGE
+    # wgmma: the output tile is staged in shared memory (rows padded by 16 bytes: the accumulators' stores free of bank
+    # conflicts) and stored row-wise, a warp's lanes on consecutive columns: one L2 write a 32-byte sector where the
+    # accumulators' own layout wrote each sector in four partial pieces; in the ring once it is drained, or after it
+    # where a persistent CTA's ring holds its next tile's first k-tiles
+    OUT_BYTES = tvm_ffi.dtype(str(out.dtype)).bits // 8
+    OP = BN + 16 // OUT_BYTES
+    STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type, 2 bytes)
+    if WG:
+        SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // 2))
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
     assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
@@ -423,6 +432,30 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     WGMMA = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{wab}.{wab}"
 
     @T.macro
+    def store_staged(smem, acc, bz, m0, n0, warp, tx):
+        """The epilogue through shared memory (see ``OP``): each value as ``store_tile`` computes it into the staging
+        tile, then stored row-wise by consecutive threads."""
+        bv = T.meta_var(_unravel(bz, spec.batch))
+        lane = T.meta_var(tx % 32)
+        stage = T.decl_buffer((BM * OP,), out.dtype, data=smem.data, scope="shared.dyn",
+                              elem_offset=STAGE_OFF * 2 // OUT_BYTES)
+        if not cfg.persistent:
+            T.ptx.cp.async_.wait_group(0)  # the zero-filled copies past the end land before the ring is written over
+        T.tvm_storage_sync("shared")  # every warpgroup is done with the ring / the last tile's staging
+        for nt in T.unroll(NTL):
+            for c in T.unroll(4):
+                r = T.meta_var(warp * 16 + lane // 4 + c // 2 * 8)
+                col = T.meta_var(nt * 8 + lane % 4 * 2 + c % 2)
+                if m0 + r < M and n0 + col < spec.n_out:
+                    stage[r * OP + col] = spec.epilogue(acc[nt * 4 + c], bv, m0 + r, n0 + col)
+        T.tvm_storage_sync("shared")
+        for it in T.unroll(BM * BN // NT):
+            r = T.meta_var((it * NT + tx) // BN)
+            col = T.meta_var((it * NT + tx) % BN)
+            if m0 + r < M and n0 + col < spec.n_out:
+                T.buffer_store(out, stage[r * OP + col], spec.out_at(bv, m0 + r, n0 + col))
+
+    @T.macro
     def store_tile(acc, bz, m0, n0, wm, wn, lane):
         """The epilogue: accumulator c of tile (mt, nt) is row g + c/2*8, column 2t + c%2 (g = lane / 4, t = lane %
         4); wgmma's m64nN accumulators are laid out so too, warp w of a warpgroup holding its rows 16 (w % 4).."""
@@ -448,7 +481,8 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         """cp.async this CTA's k-step g (its tile g / KT, k-tile g % KT) into ring slot g % S; a step past the CTA's
         ``steps`` starts past M and N: zero-filled, nothing read."""
         bz, m0, n0 = T.meta_var(tile_origin(T.min(cta + g // KT * CTAS, TILES - 1)))
-        load_stage(smem, g % KT, g % S, _unravel(bz, spec.batch), T.Select(g < steps, m0, M), T.Select(g < steps, n0, N), tx)
+        past = T.meta_var(T.Cast("int32", g >= steps))  # (arithmetic: a select here was compiled to branches)
+        load_stage(smem, g % KT, g % S, _unravel(bz, spec.batch), m0 + past * M, n0 + past * N, tx)
 
     @T.macro
     def gemm_wgmma(smem, cta, _bn, _bz, tx):
@@ -489,7 +523,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(acc, NTL * 4, "float")
             bz, m0, n0 = T.meta_var(tile_origin(cta + i * CTAS))
-            store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
+            store_staged(smem, acc, bz, m0, n0, warp, tx)
         T.ptx.cp.async_.wait_group(0)
 
     @T.macro

@@ -221,17 +221,18 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
 
 
 @pytest.mark.parametrize("k_major", [False, True])
-@pytest.mark.parametrize("cfg", range(2))
+@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], persistent=132)],
+                         ids=lambda c: c.name)
 def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg):
     """ptxas serialises every wgmma of a kernel where a branch or a register access falls inside the pipeline (one
     wgmma group in flight across the k-loop), saying so only in an info line (C7514); the emulator runs such a kernel
-    right. The rule's wgmma tiles, both B layouts, compile with nvcc without it."""
+    right. The rule's wgmma tiles, persistent too, both B layouts, compile with nvcc without it."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc on PATH")
     spec = gpu_matmul.match(gemm_func((), 8192, 2304, 768, k_major, "float16", "bias_gelu")[0])
     cu = tmp_path / "gemm.cu"
-    cu.write_text(cuda_emu.cuda_source(gpu_matmul.kernel(spec, gpu_matmul.WGMMA_CONFIGS[cfg]), TARGET))
+    cu.write_text(cuda_emu.cuda_source(gpu_matmul.kernel(spec, cfg), TARGET))
     done = subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-o", str(tmp_path / "gemm.cubin"), str(cu)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
