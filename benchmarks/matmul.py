@@ -59,9 +59,11 @@ BIG = [dict(), dict(warps_m=2, warps_n=2, m_tiles=4, n_tiles=8, bk=64, stages=3)
 SMALL = [dict(), dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=4, bk=64, stages=3),
          dict(warps_m=1, warps_n=2, m_tiles=4, n_tiles=4), dict(warps_m=2, warps_n=2, m_tiles=1, n_tiles=4),
          dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=2), dict(warps_m=1, warps_n=4, m_tiles=4, n_tiles=4)]
-# wgmma (sm_90a): the rule's two tiles, 128 x 128 in 3 stages (two CTAs an SM), and persistent CTAs (one or two an SM)
+# wgmma (sm_90a): the rule's two tiles, 128 x 128 in 3 or 6 stages (3: two CTAs an SM), persistent CTAs (one or two an
+# SM), and the rule's tile without the staged output
 WGMMA = [dict(warps_m=8, warps_n=1, m_tiles=1, n_tiles=n, bk=64, stages=st, wgmma=True, persistent=p)
          for n, st, p in ((32, 4, 0), (16, 4, 0), (16, 3, 0), (16, 6, 0), (32, 4, 132), (16, 4, 132), (16, 6, 132), (16, 3, 264))]
+WGMMA += [{**WGMMA[0], "staged": False}]  # the output stored straight from the accumulators
 VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
             "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
             "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "gpt2 b32 lm head": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA}

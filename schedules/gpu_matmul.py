@@ -62,6 +62,7 @@ class GemmConfig:
     # their 64 x bn tile as wgmma.m64nBNk16 from 128-byte swizzled shared tiles (bk = 64: one swizzle row)
     wgmma: bool = False
     persistent: int = 0  # wgmma: this many CTAs, each looping over every persistent-th output tile (0: a CTA a tile)
+    staged: bool = True  # wgmma: the output through shared memory (``OP``), else stored from the accumulators
 
     @property
     def bm(self) -> int:
@@ -77,7 +78,7 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}{f'p{self.persistent}' if self.persistent else ''}"
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}{f'p{self.persistent}' if self.persistent else ''}{'' if self.staged else 'd'}"
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     OUT_BYTES = tvm_ffi.dtype(str(out.dtype)).bits // 8
     OP = BN + 16 // OUT_BYTES
     STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type, 2 bytes)
-    if WG:
+    if WG and cfg.staged:
         SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // 2))
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
@@ -523,7 +524,10 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(acc, NTL * 4, "float")
             bz, m0, n0 = T.meta_var(tile_origin(cta + i * CTAS))
-            store_staged(smem, acc, bz, m0, n0, warp, tx)
+            if cfg.staged:
+                store_staged(smem, acc, bz, m0, n0, warp, tx)
+            else:
+                store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
         T.ptx.cp.async_.wait_group(0)
 
     @T.macro

@@ -83,6 +83,7 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     # persistent: the ring runs on across each CTA's tiles (9 tiles on 2 CTAs: 5 and 4; 8 batched tiles on 3)
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, persistent=2)),
     ((2,), 70, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=3)),
+    ((), 70, 72, 136, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, staged=False)),  # straight stores
 ]
 
 
