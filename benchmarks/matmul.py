@@ -62,7 +62,7 @@ SMALL = [dict(), dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=4, bk=64, stages=
 # wgmma (sm_90a): the rule's two tiles, 128 x 128 in 3 or 6 stages (3: two CTAs an SM), persistent CTAs (one or two an
 # SM), and the rule's tile without the staged output
 WGMMA = [dict(warps_m=8, warps_n=1, m_tiles=1, n_tiles=n, bk=64, stages=st, wgmma=True, persistent=p)
-         for n, st, p in ((32, 4, 0), (16, 4, 0), (16, 3, 0), (16, 6, 0), (32, 4, 132), (16, 4, 132), (16, 6, 132), (16, 3, 264))]
+         for n, st, p in ((32, 4, 0), (16, 4, 0), (16, 3, 0), (16, 6, 0), (16, 4, 132), (16, 6, 132), (16, 3, 264))]
 WGMMA += [{**WGMMA[0], "staged": False}]  # the output stored straight from the accumulators
 VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
             "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
@@ -187,7 +187,12 @@ def run(folder: Path, out: Path) -> None:
                               lambda: torch.matmul(a, rhs)))
             for impl, schedule, fn in timed:
                 y.fill_(float("nan"))
-                err = float(((fn().double() - ref).abs().max() / ref.abs().max()).item())
+                try:
+                    got = fn()
+                except RuntimeError as e:  # a variant that cannot launch here (its shared memory, say)
+                    print(f"{impl:>8} {dtype} {what:>18} {schedule}: not run: {str(e).splitlines()[-1]}", flush=True)
+                    continue
+                err = float(((got.double() - ref).abs().max() / ref.abs().max()).item())
                 ms = gpu_bench(fn, reps) if what != "check" else None
                 record = {"impl": impl, "dtype": dtype, "what": what, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout,
                           "schedule": schedule, "ms": ms, "tflops": flops / ms / 1e9 if ms else None,

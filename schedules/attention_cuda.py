@@ -77,8 +77,8 @@ from tvm.script import tirx as T
 
 from . import attention_cuda_decode
 from .attention import by_query_rows, causal_offset, kernel_signature
-from .common import (LOG2E, TC_DTYPES, ex2, has_wgmma, mma_ops, pin, row_copier, sm_count, sm_version, warp_shuffle_xor,
-                     wgmma_desc)
+from .common import (LOG2E, SMEM_BYTES, TC_DTYPES, ex2, has_wgmma, mma_ops, pin, row_copier, sm_count, sm_version,
+                     warp_shuffle_xor, wgmma_desc)
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
 
@@ -184,7 +184,6 @@ def cp_async_wgmma_config(head_dim: int) -> TileConfig:
 # H100, two runs (rerun/attention-h100-lpt-sections/): causal seq 2048 d128 +5 %, d64 +6 %. With it they read the minimum
 # (attention-ncu-h100-80gb-hbm3.json, attention-ncu-h200.json).
 L2_KV_BYTES = 8 << 20
-SMEM_BYTES = 227 * 1024  # shared memory one CTA may take on sm_90
 
 
 def lpt_section(spec) -> int:

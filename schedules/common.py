@@ -187,6 +187,7 @@ def warp_shuffle_xor(value: tirx.PrimExpr, lane_mask) -> tirx.PrimExpr:
 
 
 TC_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # tensor-core operand types, as mma.sync names them
+SMEM_BYTES = 227 * 1024  # shared memory one CTA may take on sm_90
 
 
 def mma_ops(dtype: str) -> tuple:

@@ -37,7 +37,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
+from .common import SMEM_BYTES, has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
@@ -312,6 +312,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type, 2 bytes)
     if WG and cfg.staged:
         SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // 2))
+    assert not WG or SMEM * 2 <= SMEM_BYTES, f"{cfg.name}: {SMEM * 2} bytes of shared memory, more than an SM has"
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
     assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0

@@ -222,7 +222,7 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
 
 
 @pytest.mark.parametrize("k_major", [False, True])
-@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], persistent=132)],
+@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132)],
                          ids=lambda c: c.name)
 def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg):
     """ptxas serialises every wgmma of a kernel where a branch or a register access falls inside the pipeline (one
@@ -238,3 +238,12 @@ def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wgmma.mma_async instructions are serialized" not in done.stdout + done.stderr
+
+
+def test_wgmma_tile_over_shared_memory_is_refused():
+    """A persistent 128 x 256 tile keeps its ring (192 KB) and stages its output beside it (66 KB): more than a CTA
+    may take (the GPU refused to launch it); refused when the kernel is written."""
+    spec = gpu_matmul.match(gemm_func((), 8192, 2304, 768, False, "float16", "none")[0])
+    with pytest.raises(AssertionError, match="more than an SM has"):
+        gpu_matmul.kernel(spec, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], persistent=132))
+    gpu_matmul.kernel(spec, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], persistent=132, staged=False))
