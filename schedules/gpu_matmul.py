@@ -62,7 +62,11 @@ class GemmConfig:
     # their 64 x bn tile as wgmma.m64nBNk16 from 128-byte swizzled shared tiles (bk = 64: one swizzle row)
     wgmma: bool = False
     persistent: int = 0  # wgmma: this many CTAs, each looping over every persistent-th output tile (0: a CTA a tile)
-    staged: bool = True  # wgmma: the output through shared memory (``OP``), else stored from the accumulators
+    staged: bool | None = None  # the output through shared memory (``OP``) or from the accumulators; None: wgmma's way
+
+    @property
+    def stages_output(self) -> bool:
+        return self.wgmma if self.staged is None else self.staged
 
     @property
     def bm(self) -> int:
@@ -78,7 +82,7 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}{f'p{self.persistent}' if self.persistent else ''}{'' if self.staged else 'd'}"
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}{f'p{self.persistent}' if self.persistent else ''}{('' if self.stages_output else 'd') if self.wgmma else ('o' if self.stages_output else '')}"
 
 
 @dataclass(frozen=True)
@@ -303,16 +307,16 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         return swizzled(r, c) if spec.b_k_major else c // 64 * (BK * 64) + swizzled(r, c % 64)
     B_OFF = S * A_STAGE
     SMEM = B_OFF + S * B_STAGE
-    # wgmma: the output tile is staged in shared memory (rows padded by 16 bytes: the accumulators' stores free of bank
-    # conflicts) and stored row-wise, a warp's lanes on consecutive columns: one L2 write a 32-byte sector where the
-    # accumulators' own layout wrote each sector in four partial pieces; in the ring once it is drained, or after it
-    # where a persistent CTA's ring holds its next tile's first k-tiles
-    OUT_BYTES = tvm_ffi.dtype(str(out.dtype)).bits // 8
+    # ``stages_output``: the output tile is staged in shared memory (rows padded by 16 bytes: the accumulators' stores
+    # free of bank conflicts) and stored row-wise, a warp's lanes on consecutive columns: one L2 write a 32-byte sector
+    # where the accumulators' own layout wrote each sector in four partial pieces; in the ring once it is drained, or
+    # after it where a persistent CTA's ring holds its next tile's first k-tiles
+    IN_BYTES, OUT_BYTES = (tvm_ffi.dtype(str(t)).bits // 8 for t in (A.dtype, out.dtype))
     OP = BN + 16 // OUT_BYTES
-    STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type, 2 bytes)
-    if WG and cfg.staged:
-        SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // 2))
-    assert not WG or SMEM * 2 <= SMEM_BYTES, f"{cfg.name}: {SMEM * 2} bytes of shared memory, more than an SM has"
+    STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type)
+    if cfg.stages_output:
+        SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // IN_BYTES))
+    assert SMEM * IN_BYTES <= SMEM_BYTES, f"{cfg.name}: {SMEM * IN_BYTES} bytes of shared memory, more than an SM has"
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
     assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
@@ -434,22 +438,23 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     WGMMA = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{wab}.{wab}"
 
     @T.macro
-    def store_staged(smem, acc, bz, m0, n0, warp, tx):
+    def store_staged(smem, acc, bz, m0, n0, wm, wn, tx):
         """The epilogue through shared memory (see ``OP``): each value as ``store_tile`` computes it into the staging
         tile, then stored row-wise by consecutive threads."""
         bv = T.meta_var(_unravel(bz, spec.batch))
         lane = T.meta_var(tx % 32)
         stage = T.decl_buffer((BM * OP,), out.dtype, data=smem.data, scope="shared.dyn",
-                              elem_offset=STAGE_OFF * 2 // OUT_BYTES)
+                              elem_offset=STAGE_OFF * IN_BYTES // OUT_BYTES)
         if not cfg.persistent:
             T.ptx.cp.async_.wait_group(0)  # the zero-filled copies past the end land before the ring is written over
         T.tvm_storage_sync("shared")  # every warpgroup is done with the ring / the last tile's staging
-        for nt in T.unroll(NTL):
-            for c in T.unroll(4):
-                r = T.meta_var(warp * 16 + lane // 4 + c // 2 * 8)
-                col = T.meta_var(nt * 8 + lane % 4 * 2 + c % 2)
-                if m0 + r < M and n0 + col < spec.n_out:
-                    stage[r * OP + col] = spec.epilogue(acc[nt * 4 + c], bv, m0 + r, n0 + col)
+        for mt in T.unroll(MT):
+            for nt in T.unroll(NTL):
+                for c in T.unroll(4):
+                    r = T.meta_var(wm * WM + mt * 16 + lane // 4 + c // 2 * 8)
+                    col = T.meta_var(wn * WN + nt * 8 + lane % 4 * 2 + c % 2)
+                    if m0 + r < M and n0 + col < spec.n_out:
+                        stage[r * OP + col] = spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, m0 + r, n0 + col)
         T.tvm_storage_sync("shared")
         for it in T.unroll(BM * BN // NT):
             r = T.meta_var((it * NT + tx) // BN)
@@ -525,8 +530,8 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(acc, NTL * 4, "float")
             bz, m0, n0 = T.meta_var(tile_origin(cta + i * CTAS))
-            if cfg.staged:
-                store_staged(smem, acc, bz, m0, n0, warp, tx)
+            if cfg.stages_output:
+                store_staged(smem, acc, bz, m0, n0, warp, 0, tx)
             else:
                 store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
         T.ptx.cp.async_.wait_group(0)
@@ -545,7 +550,10 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         for i in T.unroll(MT * NTL * 4):
             acc[i] = T.float32(0)
         mainloop_mma(smem, acc, bv, m0, n0, tx, wm, wn, lane)
-        store_tile(acc, bz, m0, n0, wm, wn, lane)
+        if cfg.stages_output:
+            store_staged(smem, acc, bz, m0, n0, wm, wn, tx)
+        else:
+            store_tile(acc, bz, m0, n0, wm, wn, lane)
 
     gemm = gemm_wgmma if WG else gemm_mma
 

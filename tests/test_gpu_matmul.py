@@ -84,6 +84,9 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, persistent=2)),
     ((2,), 70, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=3)),
     ((), 70, 72, 136, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, staged=False)),  # straight stores
+    # mma.sync with the output staged in shared memory (fp32 operands: a ring of 4-byte elements)
+    ((2, 3), 33, 24, 40, True, "float16", "residual", dataclasses.replace(SMALL, staged=True)),
+    ((), 45, 44, 76, False, "float32", "bias_gelu", dataclasses.replace(SMALL, staged=True)),
 ]
 
 
