@@ -10,7 +10,7 @@ The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batc
 and in fp32 (3xTF32 on the tensor cores; torch's fp32 matmul is cuBLAS's FP32 SGEMM, TF32 off by default);
 ``VARIANTS`` times other tile configurations beside the chosen one, which is how ``gpu_matmul.choose`` was
 picked; on sm_90a every fp16 shape also times the mma.sync kernel the rule takes without wgmma (``mma.sync
-rule``), and where the rule's kernel is mma.sync, the same with its output staged in shared memory. Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``:
+rule``), and where the rule's kernel is mma.sync, the same storing its output straight from the accumulators. Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``:
 max |ours - ref| / max |ref|), and ``CHECKS`` runs odd shapes (ragged tiles, M = 1, batch axes) for correctness.
 """
 
@@ -134,8 +134,8 @@ def build(folder: Path) -> None:
             kernels += [("mma.sync rule", gpu_matmul.choose(spec))] if wgmma and dtype != "float32" else []
             kernels += [("variant", gpu_matmul.GemmConfig(**v))
                         for v in (VARIANTS if dtype == "float16" else VARIANTS_FP32).get(what, [])]
-            if not kernels[0][1].wgmma:  # the rule's mma.sync tile with its output staged in shared memory
-                kernels += [("variant", dataclasses.replace(kernels[0][1], staged=True))]
+            if not kernels[0][1].wgmma:  # the rule's mma.sync tile storing straight from its accumulators
+                kernels += [("variant", dataclasses.replace(kernels[0][1], staged=False))]
         for impl, how in kernels:
             name = f"{impl.split()[0].replace('.', '_')}_{len(cases)}"
             if impl == "dlight":

@@ -1,22 +1,27 @@
-"""CUDA tensor-core GEMM with its fused epilogue: ``cp.async`` multi-stage pipeline, ``ldmatrix``, ``mma.sync``.
+"""CUDA tensor-core GEMM with its fused epilogue: wgmma on sm_90a, else ``mma.sync``; ``cp.async`` multi-stage pipelines.
 
 DLight's ``Matmul`` rule tensorises fp16 GEMMs with ``wmma`` and no asynchronous copies: on the H200 its
 kernels reached 75-106 TFLOP/s on GPT-2's batch-32 GEMMs and were 60-90 % of the model's GPU time
 (``benchmarks/results/profile-h200.json``); the TVM wheel has no cuBLAS/CUTLASS to dispatch to. This rule
 writes the GEMM at the PTX level with the pieces of the flash-attention kernel (``attention_cuda``):
 
-* one CTA computes a ``BM x BN`` output tile with ``warps_m x warps_n`` warps, each warp ``16 m_tiles`` rows by
-  ``8 n_tiles`` columns of ``mma.sync.m16n8k16`` fp32 accumulators;
-* A and B tiles of ``BK`` along K stream through shared memory with ``cp.async`` into a ``stages``-deep ring
-  (rows padded by 16 bytes: ``ldmatrix`` without bank conflicts); rows / columns / K past the end are
-  zero-filled by the copy (src-size 0), so any M works, and any K and N that fill 16-byte rows;
-* B is read as stored: ``[.., N, K]`` (K contiguous: the im2col patches of a conv) with ``ldmatrix``,
+* sm_90a, fp16 / bf16 (``GemmConfig.wgmma``): two warpgroups each own 64 rows x BN columns as
+  ``wgmma.mma_async.m64nBNk16`` from 128-byte swizzled shared tiles (B read MN-major where stored [k, n]), a ring of
+  stages running two 64-deep k-tiles ahead with one wgmma group in flight; optionally persistent CTAs whose ring runs
+  on across their tiles (the rule's choice where the tiles' last wave would be ragged);
+* otherwise one CTA computes a ``BM x BN`` output tile with ``warps_m x warps_n`` warps, each warp ``16 m_tiles``
+  rows by ``8 n_tiles`` columns of ``mma.sync.m16n8k16`` fp32 accumulators; A and B tiles of ``BK`` along K stream
+  through shared memory with ``cp.async`` into a ``stages``-deep ring (rows padded by 16 bytes: ``ldmatrix`` without
+  bank conflicts); B read as stored: ``[.., N, K]`` (K contiguous: the im2col patches of a conv) with ``ldmatrix``,
   ``[.., K, N]`` with ``ldmatrix.trans``;
+* rows / columns / K past the end are zero-filled by the copies (src-size 0), so any M works, and any K and N that
+  fill 16-byte rows;
 * fp32 runs as 3xTF32 on ``mma.sync.m16n8k8.tf32``: each operand split into a tf32 high part and the
   remainder, acc += lo*hi + hi*lo + hi*hi (fragments by scalar shared-memory loads; max rel err measured up to
   3.4e-5 at K = 4096, cuBLAS's FP32 SGEMM 2.9e-6);
 * the fused epilogue (casts, bias, residual add, activations: whatever FuseOps put after the matmul) is the
-  original function's own expression, evaluated per accumulator and stored once.
+  original function's own expression, evaluated per accumulator into a staging tile in shared memory, which
+  consecutive threads store row-wise (``GemmConfig.staged``; see ``OP`` in ``kernel``).
 
 ``match`` reads the GEMM and its epilogue back from any fused PrimFunc whose one reduction is a (batched)
 matmul of fp16/bf16/fp32 operands (a weight shared over the batch folds the batch into M); what it does not
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -62,11 +67,7 @@ class GemmConfig:
     # their 64 x bn tile as wgmma.m64nBNk16 from 128-byte swizzled shared tiles (bk = 64: one swizzle row)
     wgmma: bool = False
     persistent: int = 0  # wgmma: this many CTAs, each looping over every persistent-th output tile (0: a CTA a tile)
-    staged: bool | None = None  # the output through shared memory (``OP``) or from the accumulators; None: wgmma's way
-
-    @property
-    def stages_output(self) -> bool:
-        return self.wgmma if self.staged is None else self.staged
+    staged: bool = True  # the output through shared memory (``OP``), else stored from the accumulators
 
     @property
     def bm(self) -> int:
@@ -82,7 +83,8 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}{f'p{self.persistent}' if self.persistent else ''}{('' if self.stages_output else 'd') if self.wgmma else ('o' if self.stages_output else '')}"
+        return (f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}"
+                f"{f'p{self.persistent}' if self.persistent else ''}{'' if self.staged else 'd'}")
 
 
 @dataclass(frozen=True)
@@ -255,17 +257,27 @@ CONFIGS_TF32 = (GemmConfig(n_tiles=4, stages=3), GemmConfig(m_tiles=2, n_tiles=4
                 GemmConfig(m_tiles=1, n_tiles=4, stages=3))
 
 
-# sm_90a, fp16 / bf16: two warpgroups of 64 x 256 (or 64 x 128) wgmma tiles, 4 stages of 64-deep k-tiles (196 / 128 KB)
+# sm_90a, fp16 / bf16: two warpgroups of 64 x 256 (or 64 x 128) wgmma tiles, 4 stages of 64-deep k-tiles (192 / 128 KB)
 WGMMA_CONFIGS = (GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=32, bk=64, stages=4, wgmma=True),
                  GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=16, bk=64, stages=4, wgmma=True))
+# where the 64 x 256 tiles would leave the last wave of CTAs less than this full: persistent CTAs, one an SM, over 64 x
+# 128 tiles in 6 stages (H100, two runs side by side: GPT-2's N = 768 GEMMs, 192 tiles for 132 SMs, 1.09-1.10x; qkv,
+# 576 tiles, 1.05-1.09x; mlp up, LM head and the square, whose last waves are >= 97 % full, 0.88-0.95x)
+FULL_WAVE = 0.9
 
 
 def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest; ``wgmma`` (an sm_90a target) tries its
-    tiles first."""
+    tiles first, persistent where its largest tile's last wave would be ragged (``FULL_WAVE``)."""
     configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *CONFIGS) if wgmma else CONFIGS
+    sms = sm_count()
     for cfg in configs:
-        if math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn) >= sm_count():
+        tiles = math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn)
+        if tiles >= sms:
+            # (its 6 stages and staged output fill the shared memory with a 2-byte output; a 4-byte one does not fit)
+            ragged = tiles / (-(-tiles // sms) * sms) < FULL_WAVE and tvm_ffi.dtype(str(spec.out.dtype)).bits == 16
+            if cfg == WGMMA_CONFIGS[0] and ragged:
+                return replace(WGMMA_CONFIGS[1], stages=6, persistent=sms)
             return cfg
     return configs[-1]
 
@@ -307,14 +319,14 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         return swizzled(r, c) if spec.b_k_major else c // 64 * (BK * 64) + swizzled(r, c % 64)
     B_OFF = S * A_STAGE
     SMEM = B_OFF + S * B_STAGE
-    # ``stages_output``: the output tile is staged in shared memory (rows padded by 16 bytes: the accumulators' stores
+    # ``staged``: the output tile is staged in shared memory (rows padded by 16 bytes: the accumulators' stores
     # free of bank conflicts) and stored row-wise, a warp's lanes on consecutive columns: one L2 write a 32-byte sector
     # where the accumulators' own layout wrote each sector in four partial pieces; in the ring once it is drained, or
     # after it where a persistent CTA's ring holds its next tile's first k-tiles
     IN_BYTES, OUT_BYTES = (tvm_ffi.dtype(str(t)).bits // 8 for t in (A.dtype, out.dtype))
     OP = BN + 16 // OUT_BYTES
     STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type)
-    if cfg.stages_output:
+    if cfg.staged:
         SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // IN_BYTES))
     assert SMEM * IN_BYTES <= SMEM_BYTES, f"{cfg.name}: {SMEM * IN_BYTES} bytes of shared memory, more than an SM has"
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
@@ -434,6 +446,9 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     # wgmma's B: K-major as A ([n, k]: LBO unused, 8-row groups 1024 B apart), or MN-major ([k, n]: blocks of 64 n
     # BK rows of 128 B apart, 8 k 1024 B apart, read transposed)
     B_STRIDES, B_TRANS = ((16, 1024), 0) if spec.b_k_major else ((BK * 128, 1024), 1)
+
+    def b_kstep(kk):  # offset of B's 16 k of wgmma step kk in its stage
+        return b_place(0, kk * 16) if spec.b_k_major else b_place(kk * 16, 0)
     wab = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)  # (wgmma's names)
     WGMMA = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{wab}.{wab}"
 
@@ -521,8 +536,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                     T.ptx[WGMMA](
                         *[acc[i] for i in range(NTL * 4)],
                         wgmma_desc(sbase[0], g % S * A_STAGE + swizzled(warp // 4 * 64, kk * 16), 16, 1024, True),
-                        wgmma_desc(sbase[0], B_OFF + g % S * B_STAGE + b_place(*((0, kk * 16) if spec.b_k_major else (kk * 16, 0))),
-                                   *B_STRIDES, True),
+                        wgmma_desc(sbase[0], B_OFF + g % S * B_STAGE + b_kstep(kk), *B_STRIDES, True),
                         kt + kk > 0, 1, 1, 0, B_TRANS)  # (a tile's first product overwrites: no zeroed registers read)
                 T.ptx["wgmma.commit_group.sync.aligned"]()
                 pin(acc, NTL * 4, "float")
@@ -530,7 +544,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(acc, NTL * 4, "float")
             bz, m0, n0 = T.meta_var(tile_origin(cta + i * CTAS))
-            if cfg.stages_output:
+            if cfg.staged:
                 store_staged(smem, acc, bz, m0, n0, warp, 0, tx)
             else:
                 store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
@@ -550,7 +564,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         for i in T.unroll(MT * NTL * 4):
             acc[i] = T.float32(0)
         mainloop_mma(smem, acc, bv, m0, n0, tx, wm, wn, lane)
-        if cfg.stages_output:
+        if cfg.staged:
             store_staged(smem, acc, bz, m0, n0, wm, wn, tx)
         else:
             store_tile(acc, bz, m0, n0, wm, wn, lane)

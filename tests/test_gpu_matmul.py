@@ -84,9 +84,9 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, persistent=2)),
     ((2,), 70, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=3)),
     ((), 70, 72, 136, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, staged=False)),  # straight stores
-    # mma.sync with the output staged in shared memory (fp32 operands: a ring of 4-byte elements)
-    ((2, 3), 33, 24, 40, True, "float16", "residual", dataclasses.replace(SMALL, staged=True)),
-    ((), 45, 44, 76, False, "float32", "bias_gelu", dataclasses.replace(SMALL, staged=True)),
+    # mma.sync storing straight from the accumulators (the rule stages its output, fp32's in a ring of 4-byte elements)
+    ((2, 3), 33, 24, 40, True, "float16", "residual", dataclasses.replace(SMALL, staged=False)),
+    ((), 45, 44, 76, False, "float32", "bias_gelu", dataclasses.replace(SMALL, staged=False)),
 ]
 
 
@@ -208,14 +208,20 @@ def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
 
 @pytest.mark.parametrize("k_major", [False, True])
 def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
-    """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 where 256 columns leave SMs idle); GEMMs too small to
-    fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
+    """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 where 256 columns leave SMs idle; persistent over 64 x 128
+    tiles, a CTA an SM, where the 64 x 256 tiles' last wave would be under 90 % full); GEMMs too small to fill the SMs
+    with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
     from schedules.gpu_matmul import WGMMA_CONFIGS, GpuMatmul
 
     def config(m, n, k, dtype="float16"):
         return gpu_matmul.choose(gpu_matmul.match(gemm_func((), m, n, k, k_major, dtype, "none")[0]), wgmma=True)
 
-    assert config(8192, 2304, 768) == WGMMA_CONFIGS[0]
+    assert config(8192, 3072, 768) == WGMMA_CONFIGS[0]  # 768 tiles: the 6th wave 97 % full
+    persistent = dataclasses.replace(WGMMA_CONFIGS[1], stages=6, persistent=132)
+    assert config(8192, 768, 768) == persistent == config(8192, 2304, 768)  # 192 tiles: 73 %; 576: 87 %
+    fp32_out = gpu_matmul.match(gemm_func((), 8192, 768, 768, k_major, "float16", "residual")[0])
+    assert gpu_matmul.choose(fp32_out, wgmma=True) == WGMMA_CONFIGS[0]  # a 4-byte staged output would not fit beside
+    gpu_matmul.kernel(fp32_out, gpu_matmul.choose(fp32_out, wgmma=True))
     assert config(2304, 1024, 768) == WGMMA_CONFIGS[1]  # 18 x 4 tiles of 256 columns (< 132 SMs), 18 x 8 of 128
     assert not config(128, 768, 768).wgmma and not config(8192, 2304, 768, "float32").wgmma
     func = gemm_func((), 8192, 2304, 768, k_major, "float16", "none")[0]
