@@ -10,8 +10,9 @@ The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batc
 and in fp32 (3xTF32 on the tensor cores; torch's fp32 matmul is cuBLAS's FP32 SGEMM, TF32 off by default);
 ``VARIANTS`` times other tile configurations beside the chosen one, which is how ``gpu_matmul.choose`` was
 picked; on sm_90a every fp16 shape also times the mma.sync kernel the rule takes without wgmma (``mma.sync
-rule``), and where the rule's kernel is mma.sync, the same storing its output straight from the accumulators. Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``:
-max |ours - ref| / max |ref|), and ``CHECKS`` runs odd shapes (ragged tiles, M = 1, batch axes) for correctness.
+rule``), and where the rule's kernel is mma.sync, the same storing its output straight from the accumulators.
+Every timed output is checked against torch's float64 matmul of the same operands (``max_rel_err``: max |ours -
+ref| / max |ref|), and ``CHECKS`` runs odd shapes (ragged tiles, M = 1, batch axes) for correctness.
 """
 
 from __future__ import annotations
