@@ -127,12 +127,10 @@ def build(folder: Path) -> None:
         spec, wgmma = gpu_matmul.match(func), has_wgmma(target.target)
         shape = {"dtype": dtype, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout, "what": what}
         kernels = [("tvmpipe", gpu_matmul.choose(spec, wgmma))]
-        if what == "check":
-            kernels += [("mma.sync rule", gpu_matmul.choose(spec))] if wgmma and dtype != "float32" else []
-        else:
+        kernels += [("mma.sync rule", gpu_matmul.choose(spec))] if wgmma and dtype != "float32" else []
+        if what != "check":
             mod, provenance, _ = tuning.apply(tvm.IRModule({"main": func}), target)
             kernels += [("dlight", (mod["main"], provenance["main"]))]
-            kernels += [("mma.sync rule", gpu_matmul.choose(spec))] if wgmma and dtype != "float32" else []
             kernels += [("variant", gpu_matmul.GemmConfig(**v))
                         for v in (VARIANTS if dtype == "float16" else VARIANTS_FP32).get(what, [])]
             if not kernels[0][1].wgmma:  # the rule's mma.sync tile storing straight from its accumulators

@@ -48,6 +48,11 @@ MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
 
 
+def elem_bytes(buf: tirx.Buffer) -> int:
+    """Bytes of one element of ``buf`` (an operand's, the output's: the staging tile's size and fit)."""
+    return tvm_ffi.dtype(str(buf.dtype)).bits // 8
+
+
 def chunk(dtype: str) -> int:
     """Elements per 16-byte ``cp.async``: rows of A and B must be multiples of it."""
     return 4 if dtype == "float32" else 8
@@ -275,7 +280,7 @@ def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
         tiles = math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn)
         if tiles >= sms:
             # (its 6 stages and staged output fill the shared memory with a 2-byte output; a 4-byte one does not fit)
-            ragged = tiles / (-(-tiles // sms) * sms) < FULL_WAVE and tvm_ffi.dtype(str(spec.out.dtype)).bits == 16
+            ragged = tiles / (-(-tiles // sms) * sms) < FULL_WAVE and elem_bytes(spec.out) == 2
             if cfg == WGMMA_CONFIGS[0] and ragged:
                 return replace(WGMMA_CONFIGS[1], stages=6, persistent=sms)
             return cfg
@@ -323,7 +328,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     # free of bank conflicts) and stored row-wise, a warp's lanes on consecutive columns: one L2 write a 32-byte sector
     # where the accumulators' own layout wrote each sector in four partial pieces; in the ring once it is drained, or
     # after it where a persistent CTA's ring holds its next tile's first k-tiles
-    IN_BYTES, OUT_BYTES = (tvm_ffi.dtype(str(t)).bits // 8 for t in (A.dtype, out.dtype))
+    IN_BYTES, OUT_BYTES = elem_bytes(A), elem_bytes(out)
     OP = BN + 16 // OUT_BYTES
     STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type)
     if cfg.staged:
