@@ -3,7 +3,8 @@
 what ``--no-custom-schedules`` gives) and ``torch.matmul`` (cuBLAS), side by side in one run on the GPU machine.
 
     python benchmarks/matmul.py --build [--dir DIR]        # here: every kernel into DIR/kernels.so (build/gpu/matmul)
-    python3 benchmarks/matmul.py --run [--dir DIR] --out OUT  # GPU machine (TVM runtime + torch): OUT/matmul-<device>.json
+    python3 benchmarks/matmul.py --run [--dir DIR] --out OUT [--baseline DIR2]  # GPU machine (TVM runtime + torch):
+                                                            # OUT/matmul-<device>.json; DIR2: another build's rule
     python benchmarks/matmul.py --table JSON               # a results file as a markdown table
 
 The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batch 1) plus a square one, in fp16
@@ -67,7 +68,8 @@ WGMMA = [dict(warps_m=8, warps_n=1, m_tiles=1, n_tiles=n, bk=64, stages=st, wgmm
 WGMMA += [{**WGMMA[0], "staged": False}]  # the output stored straight from the accumulators
 VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
             "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
-            "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "gpt2 b32 lm head": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA}
+            "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA,
+            "gpt2 b32 lm head": WGMMA + [{**WGMMA[0], "group_m": g} for g in (8, 16)]}  # (the rule: column by column)
 VARIANTS_FP32 = {
     "square": [dict(n_tiles=4, stages=3), dict(n_tiles=4, stages=4), dict(m_tiles=2, n_tiles=8, stages=3),
                dict(warps_m=2, warps_n=4, n_tiles=4, stages=3)],
@@ -154,8 +156,9 @@ def build(folder: Path) -> None:
     print(f"built {len(cases)} kernels -> {folder}/kernels.so in {time.perf_counter() - t0:.0f} s")
 
 
-def run(folder: Path, out: Path) -> None:
-    """Check and time ``folder``'s kernels with cuBLAS beside them (GPU machine)."""
+def run(folder: Path, out: Path, baseline: Path | None = None) -> None:
+    """Check and time ``folder``'s kernels with cuBLAS beside them (GPU machine); ``baseline``: another build's rule
+    kernels too ("tvmpipe-baseline")."""
     import torch
     import tvm
     import tvm_ffi
@@ -166,6 +169,10 @@ def run(folder: Path, out: Path) -> None:
     load_cuda_runtime()  # a runtime-only TVM does not load its CUDA backend by itself
     cases = json.loads((folder / "cases.json").read_text())
     lib = tvm.runtime.load_module(str(folder / "kernels.so"))
+    if baseline:
+        base_lib = tvm.runtime.load_module(str(baseline / "kernels.so"))
+        cases += [{**c, "impl": "tvmpipe-baseline", "lib": base_lib}
+                  for c in json.loads((baseline / "cases.json").read_text()) if c["impl"] == "tvmpipe"]
     device = gpu_slug()
     records = []
     torch.manual_seed(0)
@@ -180,7 +187,7 @@ def run(folder: Path, out: Path) -> None:
             at, bt, yt = (tvm.runtime.from_dlpack(t) for t in (a, b, y))
             flops = 2 * m * n * k * math.prod(batch)
             reps = max(10, min(200, int(2e13 / flops)))
-            timed = [(c["impl"], c["schedule"], lambda f=lib[c["name"]]: (f(at, bt, yt), y)[1])
+            timed = [(c["impl"], c["schedule"], lambda f=c.get("lib", lib)[c["name"]]: (f(at, bt, yt), y)[1])
                      for c in cases if (c["dtype"], tuple(c["batch"]), c["m"], c["n"], c["k"], c["layout"], c["what"])
                      == (dtype, batch, m, n, k, layout, what)]
             if what != "check":
@@ -237,11 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--table", type=Path, metavar="JSON", help="print a results file as a markdown table")
     p.add_argument("--dir", type=Path, default=BUILD, help="--build / --run: the kernels' folder")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="--run: where the JSON goes")
+    p.add_argument("--baseline", type=Path, metavar="DIR", help="--run: another build's rule kernels beside them")
     args = p.parse_args(argv)
     if args.build:
         build(args.dir)
     elif args.run:
-        run(args.dir, args.out)
+        run(args.dir, args.out, args.baseline)
     else:
         print(table(args.table))
     return 0

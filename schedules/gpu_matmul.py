@@ -73,6 +73,7 @@ class GemmConfig:
     wgmma: bool = False
     persistent: int = 0  # wgmma: this many CTAs, each looping over every persistent-th output tile (0: a CTA a tile)
     staged: bool = True  # the output through shared memory (``OP``), else stored from the accumulators
+    group_m: int = 0  # wgmma: tiles numbered down M in bands of this many row tiles (0: along N, a row of tiles at a time)
 
     @property
     def bm(self) -> int:
@@ -89,7 +90,8 @@ class GemmConfig:
     @property
     def name(self) -> str:
         return (f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}"
-                f"{f'p{self.persistent}' if self.persistent else ''}{'' if self.staged else 'd'}")
+                f"{f'p{self.persistent}' if self.persistent else ''}{'' if self.staged else 'd'}"
+                f"{f'm{self.group_m}' if self.group_m else ''}")
 
 
 @dataclass(frozen=True)
@@ -269,11 +271,16 @@ WGMMA_CONFIGS = (GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=32, bk=64, 
 # 128 tiles in 6 stages (H100, two runs side by side: GPT-2's N = 768 GEMMs, 192 tiles for 132 SMs, 1.09-1.10x; qkv,
 # 576 tiles, 1.05-1.09x; mlp up, LM head and the square, whose last waves are >= 97 % full, 0.88-0.95x)
 FULL_WAVE = 0.9
+# a B (weight) larger than this does not stay in L2 (50 MB on the H100 / H200) while the tiles go along N, each row of
+# tiles reading all of it: GPT-2's LM head (77 MB) was read from memory once per 128 rows, 4.9 GB for 8192 rows. Such
+# GEMMs go down M in bands whose rows of A fit this (``GemmConfig.group_m``): B is read once a band
+L2_OPERAND_BYTES = 16 << 20
 
 
 def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest; ``wgmma`` (an sm_90a target) tries its
-    tiles first, persistent where its largest tile's last wave would be ragged (``FULL_WAVE``)."""
+    tiles first, persistent where its largest tile's last wave would be ragged (``FULL_WAVE``), down M in bands where
+    B does not fit L2 (``L2_OPERAND_BYTES``)."""
     configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *CONFIGS) if wgmma else CONFIGS
     sms = sm_count()
     for cfg in configs:
@@ -282,9 +289,18 @@ def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
             # (its 6 stages and staged output fill the shared memory with a 2-byte output; a 4-byte one does not fit)
             ragged = tiles / (-(-tiles // sms) * sms) < FULL_WAVE and elem_bytes(spec.out) == 2
             if cfg == WGMMA_CONFIGS[0] and ragged:
-                return replace(WGMMA_CONFIGS[1], stages=6, persistent=sms)
-            return cfg
+                cfg = replace(WGMMA_CONFIGS[1], stages=6, persistent=sms)
+            return _grouped(spec, cfg) if cfg.wgmma else cfg
     return configs[-1]
+
+
+def _grouped(spec: GemmSpec, cfg: GemmConfig) -> GemmConfig:
+    """``cfg`` down M in bands (``L2_OPERAND_BYTES``) where B is too large to stay in L2 and A's rows are not."""
+    a_rows, b_bytes = cfg.bm * spec.k * elem_bytes(spec.a), spec.k * spec.n * elem_bytes(spec.b)
+    gm = -(-spec.m // cfg.bm)
+    if b_bytes <= L2_OPERAND_BYTES or gm == 1:
+        return cfg
+    return replace(cfg, group_m=max(1, min(gm, L2_OPERAND_BYTES // a_rows)))
 
 
 def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
@@ -496,12 +512,23 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                         T.buffer_store(out, spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, row, col),
                                        spec.out_at(bv, row, col))
 
-    TILES = nbatch * gm * gn  # output tiles, numbered with N's fastest (CTAs in flight share their A row tile in L2)
+    # output tiles, numbered with N fastest (CTAs in flight share their A row tile in L2), or (``group_m``) down M in
+    # bands of G row tiles: a band's tiles M fastest, so the CTAs in flight share B's column tiles and re-read only
+    # the band's rows of A, which stay in L2 (Triton's grouped order; G = gm: column by column)
+    TILES, G = nbatch * gm * gn, cfg.group_m
+    LOOPED = not G and spec.n_out % BN == 0
     CTAS = cfg.persistent or TILES
 
     def tile_origin(t):  # (flat batch index, first row, first column) of output tile t
-        bz, bm, bn = _unravel(t, (nbatch, gm, gn))
-        return bz, bm * BM, bn * BN
+        if not G:
+            bz, bm, bn = _unravel(t, (nbatch, gm, gn))
+            return bz, bm * BM, bn * BN
+        bz, j = t // (gm * gn), t % (gm * gn)
+        if G >= gm:  # column by column
+            return bz, j % gm * BM, j // gm * BN
+        first, at = j // (G * gn) * G, j % (G * gn)
+        rows = G if gm % G == 0 else T.min(gm - first, G)  # (the last band's)
+        return bz, (first + at % rows) * BM, at // rows * BN
 
     @T.macro
     def load_step(smem, g, steps, cta, tx):
@@ -520,7 +547,11 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         acc = T.alloc_buffer((NTL * 4,), f32, scope="local")
         sbase = T.alloc_buffer((1,), "uint32", scope="local")  # the shared buffer's shared-window address
         warp = T.meta_var(tx // 32)
-        n_tiles = T.meta_var((TILES - cta + CTAS - 1) // CTAS)
+        # a CTA's tiles, 1 without ``persistent``: written as a constant 1 (no loop) where the last column tile is
+        # ragged or the tiles go in bands, where the loop made ptxas serialise every wgmma (C7514: the epilogue's
+        # bounds branches, GPT-2's LM head; the bands' index arithmetic); elsewhere the loop's form, which ran up to
+        # 10 % faster (H100: GPT-2's mlp down, q.k^T)
+        n_tiles = T.meta_var((TILES - cta + CTAS - 1) // CTAS if cfg.persistent > 0 or LOOPED else 1)
         sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
         for p in T.unroll(S - 2):  # prologue: steps 0 .. S-3 in flight, one commit group each
             load_step(smem, p, n_tiles * KT, cta, tx)

@@ -84,6 +84,9 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, persistent=2)),
     ((2,), 70, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=3)),
     ((), 70, 72, 136, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, staged=False)),  # straight stores
+    # tiles down M in bands of 2 row tiles (3 x 3 tiles: the last band one row); persistent over 2 batches' bands
+    ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, group_m=2)),
+    ((2,), 150, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=5, group_m=2)),
     # mma.sync storing straight from the accumulators (the rule stages its output, fp32's in a ring of 4-byte elements)
     ((2, 3), 33, 24, 40, True, "float16", "residual", dataclasses.replace(SMALL, staged=False)),
     ((), 45, 44, 76, False, "float32", "bias_gelu", dataclasses.replace(SMALL, staged=False)),
@@ -209,8 +212,8 @@ def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
 @pytest.mark.parametrize("k_major", [False, True])
 def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 where 256 columns leave SMs idle; persistent over 64 x 128
-    tiles, a CTA an SM, where the 64 x 256 tiles' last wave would be under 90 % full); GEMMs too small to fill the SMs
-    with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
+    tiles, a CTA an SM, where the 64 x 256 tiles' last wave would be under 90 % full; down M in bands where B does not
+    fit L2); GEMMs too small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
     from schedules.gpu_matmul import WGMMA_CONFIGS, GpuMatmul
 
     def config(m, n, k, dtype="float16"):
@@ -223,6 +226,9 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     assert gpu_matmul.choose(fp32_out, wgmma=True) == WGMMA_CONFIGS[0]  # a 4-byte staged output would not fit beside
     gpu_matmul.kernel(fp32_out, gpu_matmul.choose(fp32_out, wgmma=True))
     assert config(2304, 1024, 768) == WGMMA_CONFIGS[1]  # 18 x 4 tiles of 256 columns (< 132 SMs), 18 x 8 of 128
+    # GPT-2's LM head: B (77 MB) would not stay in L2, A's 8192 rows (12.6 MB) do: column by column (64 row tiles)
+    assert config(8192, 50264, 768) == dataclasses.replace(WGMMA_CONFIGS[0], group_m=64)
+    assert config(65536, 50264, 768).group_m == 85  # bands of 85 row tiles' A (16 MB)
     assert not config(128, 768, 768).wgmma and not config(8192, 2304, 768, "float32").wgmma
     func = gemm_func((), 8192, 2304, 768, k_major, "float16", "none")[0]
     sm80 = GpuMatmul().apply(func, targets.resolve("cuda-sm80").target, False)
@@ -230,17 +236,19 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     assert "wgmma" not in sm80.mod.script() and "T.ptx.wgmma(acc[0]" in sm90.mod.script()
 
 
+@pytest.mark.parametrize("n", [2304, 2392])
 @pytest.mark.parametrize("k_major", [False, True])
-@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132)],
-                         ids=lambda c: c.name)
-def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg):
+@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
+                                 dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], group_m=64)], ids=lambda c: c.name)
+def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg, n):
     """ptxas serialises every wgmma of a kernel where a branch or a register access falls inside the pipeline (one
     wgmma group in flight across the k-loop), saying so only in an info line (C7514); the emulator runs such a kernel
-    right. The rule's wgmma tiles, persistent too, both B layouts, compile with nvcc without it."""
+    right. The rule's wgmma tiles, persistent too, in bands down M, both B layouts, compile with nvcc without it, also
+    where the last column tile is ragged (N = 2392: its epilogue's branches, inside a loop over one tile, did it)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc on PATH")
-    spec = gpu_matmul.match(gemm_func((), 8192, 2304, 768, k_major, "float16", "bias_gelu")[0])
+    spec = gpu_matmul.match(gemm_func((), 8192, n, 768, k_major, "float16", "bias_gelu")[0])
     cu = tmp_path / "gemm.cu"
     cu.write_text(cuda_emu.cuda_source(gpu_matmul.kernel(spec, cfg), TARGET))
     done = subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-o", str(tmp_path / "gemm.cubin"), str(cu)],
