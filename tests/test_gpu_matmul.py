@@ -83,6 +83,8 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     # persistent: the ring runs on across each CTA's tiles (9 tiles on 2 CTAs: 5 and 4; 8 batched tiles on 3)
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, persistent=2)),
     ((2,), 70, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=3)),
+    # ... over tiles of one (ragged) k-tile each, the ring 4 steps ahead: into the next tiles' (the rule's K <= 64)
+    ((2,), 70, 136, 56, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, stages=6, persistent=3)),
     ((), 70, 72, 136, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, staged=False)),  # straight stores
     # tiles down M in bands of 2 row tiles (3 x 3 tiles: the last band one row); persistent over 2 batches' bands
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, group_m=2)),
@@ -212,8 +214,8 @@ def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
 @pytest.mark.parametrize("k_major", [False, True])
 def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 where 256 columns leave SMs idle; persistent over 64 x 128
-    tiles, a CTA an SM, where the 64 x 256 tiles' last wave would be under 90 % full; down M in bands where B does not
-    fit L2); GEMMs too small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
+    tiles, a CTA an SM, where the 64 x 256 tiles' last wave would be under 90 % full or K is one k-tile; down M in
+    bands where B does not fit L2); GEMMs too small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
     from schedules.gpu_matmul import WGMMA_CONFIGS, GpuMatmul
 
     def config(m, n, k, dtype="float16"):
@@ -222,6 +224,7 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     assert config(8192, 3072, 768) == WGMMA_CONFIGS[0]  # 768 tiles: the 6th wave 97 % full
     persistent = dataclasses.replace(WGMMA_CONFIGS[1], stages=6, persistent=132)
     assert config(8192, 768, 768) == persistent == config(8192, 2304, 768)  # 192 tiles: 73 %; 576: 87 %
+    assert config(98304, 256, 64) == persistent  # 768 tiles (97 %) of one k-tile each: GPT-2's unfused q.k^T
     fp32_out = gpu_matmul.match(gemm_func((), 8192, 768, 768, k_major, "float16", "residual")[0])
     assert gpu_matmul.choose(fp32_out, wgmma=True) == WGMMA_CONFIGS[0]  # a 4-byte staged output would not fit beside
     gpu_matmul.kernel(fp32_out, gpu_matmul.choose(fp32_out, wgmma=True))
