@@ -297,7 +297,7 @@ def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
 
 
 def _grouped(spec: GemmSpec, cfg: GemmConfig) -> GemmConfig:
-    """``cfg`` down M in bands (``L2_OPERAND_BYTES``) where B is too large to stay in L2 and A's rows are not."""
+    """``cfg`` in bands down M where B is too large to stay in L2, each band's rows of A within ``L2_OPERAND_BYTES``."""
     a_rows, b_bytes = cfg.bm * spec.k * elem_bytes(spec.a), spec.k * spec.n * elem_bytes(spec.b)
     gm = -(-spec.m // cfg.bm)
     if b_bytes <= L2_OPERAND_BYTES or gm == 1:
