@@ -242,7 +242,9 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
 @pytest.mark.parametrize("n", [2304, 2392])
 @pytest.mark.parametrize("k_major", [False, True])
 @pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
-                                 dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], group_m=64)], ids=lambda c: c.name)
+                                 dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], group_m=64),
+                                 dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132, group_m=16)],
+                         ids=lambda c: c.name)
 def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg, n):
     """ptxas serialises every wgmma of a kernel where a branch or a register access falls inside the pipeline (one
     wgmma group in flight across the k-loop), saying so only in an info line (C7514); the emulator runs such a kernel
