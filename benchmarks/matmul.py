@@ -69,7 +69,9 @@ WGMMA += [{**WGMMA[0], "staged": False}]  # the output stored straight from the 
 VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
             "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
             "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA,
-            "gpt2 b32 lm head": WGMMA + [{**WGMMA[0], "group_m": g} for g in (8, 16)]}  # (the rule: column by column)
+            "gpt2 b32 lm head": WGMMA + [{**WGMMA[0], "group_m": g} for g in (8, 16)],  # (the rule: column by column)
+            # N = 64: the rule's 64 x 256 tiles compute 4x the columns there are; 64 x 64 tiles (not yet timed)
+            "gpt2 b32 p.v": WGMMA + [{**WGMMA[1], "n_tiles": 8, "stages": st, "persistent": p} for st, p in ((4, 0), (6, 132))]}
 VARIANTS_FP32 = {
     "square": [dict(n_tiles=4, stages=3), dict(n_tiles=4, stages=4), dict(m_tiles=2, n_tiles=8, stages=3),
                dict(warps_m=2, warps_n=4, n_tiles=4, stages=3)],
