@@ -28,7 +28,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import build_or_run, cuda_ms, gpu_slug, interleaved, rotation  # noqa: E402
+from benchmarks.common import build_or_run, cuda_kernel_us, cuda_ms, gpu_slug, interleaved, rotation  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "decode"
 # timing: ROUNDS rounds over every build and torch's backends, each round starting one later (load from elsewhere on
@@ -136,22 +136,8 @@ def run(out: Path) -> None:
         return x, (q, k, v), float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
 
     def kernel_us(fn) -> dict[str, float]:
-        """GPU microseconds per call of each kernel ``fn`` launches, over PIPELINE calls back to back (CUPTI through
-        torch's profiler, which records the TVM runtime's launches too): what each launch costs on the GPU."""
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(PIPELINE):
-                fn()
-            torch.cuda.synchronize()
-        out: dict[str, float] = {}
-        for e in prof.events():
-            if e.device_type == DeviceType.CUDA:
-                out[e.name[:80]] = out.get(e.name[:80], 0.0) + e.time_range.elapsed_us() / PIPELINE
-        return out
+        """GPU microseconds per call of each kernel ``fn`` launches, over PIPELINE calls back to back."""
+        return {name: k["us"] for name, k in cuda_kernel_us(fn, PIPELINE).items()}
 
     def graphed(fn):
         """``fn`` captured in a CUDA graph (its launches replayed without Python): the GPU time at its best."""

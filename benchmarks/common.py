@@ -73,6 +73,37 @@ def cuda_ms(fn, repeat: int, warmup: int) -> list[float]:
     return out
 
 
+def cuda_kernel_us(fn, calls: int, width: int = 80) -> dict[str, dict]:
+    """Per kernel ``fn`` launches (by the first ``width`` characters of its name): GPU microseconds and launches per
+    call, over ``calls`` calls back to back (CUPTI through torch's profiler, which records the TVM runtime's launches
+    too); the most time first."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, dict] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            k = out.setdefault(e.name[:width], {"us": 0.0, "launches": 0.0})
+            k["us"] += e.time_range.elapsed_us() / calls
+            k["launches"] += 1 / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
+
+
+def compile_with(root: Path, model: Path, package: Path, target: str = "cpu", **options) -> None:
+    """Compile ``model`` for ``target`` with the checkout at ``root`` (its own ``compiler`` package, in a fresh
+    interpreter); ``options``: fields of its ``pipeline.Options``. For A/Bs against an older commit."""
+    code = (f"import sys; sys.path.insert(0, {str(root)!r}); from compiler import pipeline; "
+            f"pipeline.compile_model({str(model)!r}, {target!r}, {str(package)!r}, options=pipeline.Options(**{options!r}))")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
 # Nsight Compute: the sections profiled, and (record key, ncu metric name) of the figures kept from them
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
                 "SchedulerStats", "WarpStateStats")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.common import interleaved  # noqa: E402
+from benchmarks.common import compile_with, interleaved  # noqa: E402
 from compiler.compare import OrtSession  # noqa: E402
 from compiler.runtime import load  # noqa: E402
 from tests.helpers import make_model, rel_err  # noqa: E402
@@ -35,13 +34,6 @@ def pointwise(ic: int, oc: int, hw: int, rng: np.random.Generator) -> onnx.Model
     inits = {"w": rng.standard_normal((oc, ic, 1, 1)).astype(np.float32), "b": rng.standard_normal(oc).astype(np.float32)}
     f = TensorProto.FLOAT
     return make_model(nodes, [("x", f, [1, ic, hw, hw])], [("y", f, [1, oc, hw, hw])], inits)
-
-
-def compile_with(root: Path, model: Path, package: Path) -> None:
-    """Compile ``model`` with the checkout at ``root`` (its own ``compiler`` package, in a fresh interpreter)."""
-    code = f"import sys; sys.path.insert(0, {str(root)!r}); from compiler import pipeline; " \
-           f"pipeline.compile_model({str(model)!r}, 'cpu', {str(package)!r})"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
 def compare(models: dict[str, Path], old_root: Path, out: Path, work: Path, rounds: int = 7, calls: int = 30) -> list[dict]:

@@ -6,14 +6,12 @@ machine. The GPU counterpart of ``cpu_ab.py``. Run after ``benchmarks/models.py 
     git archive <commit> compiler schedules targets benchmarks tuning_logs pyproject.toml | tar -x -C build/old  # here
     python3 benchmarks/gpu_ab.py build/old OUT.json gpt2:32:fp16 ...                                        # there
 
-The old checkout compiles each variant from the same ONNX file (its own ``build/zoo``, the file linked in); both
-packages run the same inputs (outputs compared), then 7 interleaved rounds of 20 calls each, in random order.
+The old checkout compiles each variant from the same ONNX file (``benchmarks.common.compile_with``); both packages run
+the same inputs (outputs compared), then 7 interleaved rounds of 20 calls each, in random order.
 """
 
 import json
-import os
 import random
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,25 +20,18 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.common import interleaved  # noqa: E402
+from benchmarks.common import compile_with, interleaved  # noqa: E402
 from benchmarks.models import MODELS, onnx_path, package_path  # noqa: E402
 from compiler.runtime import load  # noqa: E402
 from tests.helpers import rel_err  # noqa: E402
 
 
 def compile_old(root: Path, model: str, batch: int, precision: str) -> Path:
-    """The variant's package from the checkout at ``root`` (its ``benchmarks.models``, so its own cache dir)."""
-    cache = root / "build" / "zoo"
-    cache.mkdir(parents=True, exist_ok=True)
-    link = cache / onnx_path(model, batch).name
-    if not link.exists():
-        link.symlink_to(onnx_path(model, batch))
-    code = (f"import sys; sys.path.insert(0, {str(root)!r}); from benchmarks.models import compile_package; "
-            f"r = compile_package({model!r}, {batch}, 'cuda-sm90', {precision!r}, True, False); "
-            f"assert 'error' not in r, r")
-    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": path})
-    return root / package_path(model, batch, "cuda-sm90", precision, True).relative_to(REPO)
+    """The variant's package compiled by the checkout at ``root`` from this checkout's ONNX file, beside its package."""
+    new = package_path(model, batch, "cuda-sm90", precision, True)
+    old = new.with_name(f"{new.stem}-old{new.suffix}")
+    compile_with(root, onnx_path(model, batch), old, "cuda-sm90", precision=precision, cuda_graph=True)
+    return old
 
 
 def main(old_root: Path, out: Path, variants: list[str], rounds: int = 7, calls: int = 20) -> None:

@@ -475,6 +475,12 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     wab = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)  # (wgmma's names)
     WGMMA = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{wab}.{wab}"
 
+    def acc_at(wm, wn, lane, mt, nt, c):
+        """(row, column) in the CTA's tile of warp (wm, wn)'s accumulator c of tile (mt, nt): row g + c/2*8, column
+        2t + c%2 of the 16 x 8 tile (g = lane / 4, t = lane % 4); wgmma's m64nN accumulators are laid out so too, warp
+        w of a warpgroup holding its rows 16 (w % 4).."""
+        return wm * WM + mt * 16 + lane // 4 + c // 2 * 8, wn * WN + nt * 8 + lane % 4 * 2 + c % 2
+
     @T.macro
     def store_staged(smem, acc, bz, m0, n0, wm, wn, tx):
         """The epilogue through shared memory (see ``OP``): each value as ``store_tile`` computes it into the staging
@@ -489,8 +495,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         for mt in T.unroll(MT):
             for nt in T.unroll(NTL):
                 for c in T.unroll(4):
-                    r = T.meta_var(wm * WM + mt * 16 + lane // 4 + c // 2 * 8)
-                    col = T.meta_var(wn * WN + nt * 8 + lane % 4 * 2 + c % 2)
+                    r, col = T.meta_var(acc_at(wm, wn, lane, mt, nt, c))
                     if m0 + r < M and n0 + col < spec.n_out:
                         stage[r * OP + col] = spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, m0 + r, n0 + col)
         T.tvm_storage_sync("shared")
@@ -502,14 +507,13 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
 
     @T.macro
     def store_tile(acc, bz, m0, n0, wm, wn, lane):
-        """The epilogue: accumulator c of tile (mt, nt) is row g + c/2*8, column 2t + c%2 (g = lane / 4, t = lane %
-        4); wgmma's m64nN accumulators are laid out so too, warp w of a warpgroup holding its rows 16 (w % 4).."""
+        """The epilogue stored from the accumulators' own layout (``acc_at``)."""
         bv = T.meta_var(_unravel(bz, spec.batch))
         for mt in T.unroll(MT):
             for nt in T.unroll(NTL):
                 for c in T.unroll(4):
-                    row = T.meta_var(m0 + wm * WM + mt * 16 + lane // 4 + c // 2 * 8)
-                    col = T.meta_var(n0 + wn * WN + nt * 8 + lane % 4 * 2 + c % 2)
+                    r, c_ = T.meta_var(acc_at(wm, wn, lane, mt, nt, c))
+                    row, col = T.meta_var((m0 + r, n0 + c_))
                     if row < M and col < spec.n_out:
                         T.buffer_store(out, spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, row, col),
                                        spec.out_at(bv, row, col))
@@ -518,7 +522,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     # bands of G row tiles: a band's tiles M fastest, so the CTAs in flight share B's column tiles and re-read only
     # the band's rows of A, which stay in L2 (Triton's grouped order; G = gm: column by column)
     TILES, G = nbatch * gm * gn, cfg.group_m
-    LOOPED = not G and spec.n_out % BN == 0
+    LOOPED = cfg.persistent > 0 or (not G and spec.n_out % BN == 0)  # see n_tiles
     CTAS = cfg.persistent or TILES
 
     def tile_origin(t):  # (flat batch index, first row, first column) of output tile t
@@ -553,7 +557,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         # ragged or the tiles go in bands, where the loop made ptxas serialise every wgmma (C7514: the epilogue's
         # bounds branches, GPT-2's LM head; the bands' index arithmetic); elsewhere the loop's form, which ran up to
         # 10 % faster (H100: GPT-2's mlp down, q.k^T)
-        n_tiles = T.meta_var((TILES - cta + CTAS - 1) // CTAS if cfg.persistent > 0 or LOOPED else 1)
+        n_tiles = T.meta_var((TILES - cta + CTAS - 1) // CTAS if LOOPED else 1)
         sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
         for p in T.unroll(S - 2):  # prologue: steps 0 .. S-3 in flight, one commit group each
             load_step(smem, p, n_tiles * KT, cta, tx)

@@ -8,15 +8,13 @@ CUPTI (torch's profiler records the TVM runtime's launches too). Run on the GPU 
 
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
+from benchmarks.common import cuda_kernel_us  # noqa: E402
 from benchmarks.models import MODELS, _to_torch, package_path  # noqa: E402
 from compiler.runtime import load  # noqa: E402
 
@@ -25,19 +23,7 @@ CALLS = 10
 
 def kernel_us(fn) -> dict[str, dict]:
     """Per kernel name: GPU us per call of ``fn`` and launches per call, over CALLS calls back to back."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    out: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "launches": 0.0})
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            k = out[e.name[:120]]
-            k["us"] += e.time_range.elapsed_us() / CALLS
-            k["launches"] += 1 / CALLS
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
+    return cuda_kernel_us(fn, CALLS, width=120)
 
 
 def main(out: Path, variants: list[str]) -> None:
