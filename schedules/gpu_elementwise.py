@@ -14,7 +14,8 @@ concatenation, padding) whole, an if / else of vector loads: a select that does 
 cache's append along the sequence) as it is; one that does (rotary embeddings' rotate_half, cat(-x2, x1) along the
 head dim) where every point at which it flips is a multiple of the lanes, its test then rewritten to read the
 vector's first element (``v // lanes * lanes`` for ``v``), which TVM's vectoriser sees as the same for all lanes
-(with ``v`` it scalarises the whole kernel, although the simplifier finds the test lane-uniform afterwards).
+(with ``v`` it scalarises the whole kernel, although the simplifier finds the test lane-uniform afterwards). Where
+a select may flip inside a vector (a conv's zero padding in its patches), one element a thread.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ class GpuElementwise(ScheduleRule):
             var = _innermost_var(sch, block)
             seams = _innermost_seams(sch, block, var)
             lanes = seams is not None and largest_divisor(math.gcd(extent, *seams), fits)
-            if not lanes:  # a select that flips within a vector: left to DLight
-                return None
-            lanes_of[sch.get(block).name_hint] = lanes
+            lanes_of[sch.get(block).name_hint] = lanes or 1
+            if not lanes:  # a select that may flip within a vector (a conv's padding): an element a thread
+                continue
             step = tirx.const(lanes, var.ty.dtype)
             aligned[var] = tirx.floordiv(var, step) * step
         if aligned:

@@ -40,11 +40,13 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
+from tvm.sym import Analyzer
 from tvm.target import Target
 
 from .common import SMEM_BYTES, has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
+_ANALYZER = Analyzer()
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
 
 
@@ -143,6 +145,40 @@ def _is_param(buf, func: tirx.PrimFunc) -> bool:
     return any(p.same_as(buf) for p in func.params)
 
 
+def _columns(indices: list, vjs: list, flat) -> int:
+    """How many trailing entries of ``indices`` address the GEMM's column: the column's own axes ``vjs``, or one entry
+    holding them flattened (``flat``, a conv's patches: y * ow + x); 0 where neither."""
+    if _at_vars(indices[-len(vjs):], vjs):
+        return len(vjs)
+    return int(bool(indices) and len(vjs) > 1 and _ANALYZER.can_prove_equal(indices[-1], flat))
+
+
+def _operands(x: TensorLoad, y: TensorLoad, spatial: list, vk: tirx.Var) -> tuple | None:
+    """(A, B, whether B is K-major, how many trailing output axes are the GEMM's column j, whether B's rows run past
+    them) of the product ``x * y``, A[.., i, k] and B[.., k, j] or B[.., j, k]: j one axis (a matmul), or a conv's
+    output pixels (y, x), read as B[.., k, y, x] (its input) or B[.., k, y * ow + x] (its patches, in rows padded to
+    16 bytes)."""
+    for nj in (1, 2):
+        if len(spatial) < nj + 1:
+            return None
+        vi, vjs = spatial[-1 - nj].var, [iv.var for iv in spatial[-nj:]]
+        flat = vjs[0] * spatial[-1].dom.extent + vjs[1] if nj > 1 else vjs[0]
+        a, b = (x, y) if uses(x.indices[-2], vi) else (y, x)
+        if not (a.indices[-2].same_as(vi) and a.indices[-1].same_as(vk)):
+            continue
+        cols = _columns(b.indices, vjs, flat)
+        if cols and len(b.indices) > cols and b.indices[-1 - cols].same_as(vk):
+            k_major, b_lead = False, b.indices[:-1 - cols]
+        elif b.indices[-1].same_as(vk) and _columns(b.indices[:-1], vjs, flat) == 1:
+            k_major, b_lead = True, b.indices[:-2]
+        else:
+            continue
+        if any(uses(i, v) for i in (*a.indices[:-2], *b_lead) for v in (vi, *vjs, vk)):  # leading: batch axes only
+            continue
+        return a, b, k_major, nj, nj > 1 and cols == 1
+    return None
+
+
 def match(func: tirx.PrimFunc) -> GemmSpec | None:
     """The GEMM and epilogue of ``func``, or None where it is not a fused fp16/bf16/fp32 matmul this kernel covers."""
     sch = s_tir.Schedule(func)
@@ -176,32 +212,33 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
     extents = [iv.dom.extent for iv in (*spatial, red)]
     if x is None or y is None or not all(isinstance(e, tirx.IntImm) for e in extents):
         return None
-    *bvars, vi, vj = (iv.var for iv in spatial)
     vk = red.var
-    a, b = (x, y) if uses(x.indices[-2], vi) else (y, x)
+    found = _operands(x, y, spatial, vk)
+    if found is None:
+        return None
+    a, b, k_major, nj, padded = found
     dtype = str(a.source.dtype)
     if dtype not in MMA_DTYPES or str(b.source.dtype) != dtype or not (_is_param(a.source, func) and _is_param(b.source, func)):
         return None
-    if not (a.indices[-2].same_as(vi) and a.indices[-1].same_as(vk)):
-        return None
-    if b.indices[-2].same_as(vk) and b.indices[-1].same_as(vj):
-        k_major = False
-    elif b.indices[-2].same_as(vj) and b.indices[-1].same_as(vk):
-        k_major = True
-    else:
-        return None
-    for load in (a, b):  # leading indices: batch axes only
-        if any(uses(i, v) for i in load.indices[:-2] for v in (vi, vj, vk)):
-            return None
-    *batch, m, n, k = (int(e) for e in extents)
+    bvars, vi, vjs = [iv.var for iv in spatial[:-1 - nj]], spatial[-1 - nj].var, [iv.var for iv in spatial[-nj:]]
+    ext = [int(e) for e in extents]
+    batch, m, jext, k = ext[:-2 - nj], ext[-2 - nj], ext[-1 - nj:-1], ext[-1]
+    n = int(b.source.shape[-1]) if padded else math.prod(jext)  # (patches: B's padded rows; the output keeps jext)
     if k % chunk(dtype) or (not k_major and n % chunk(dtype)):  # 16-byte rows for cp.async
         return None
     if dtype == "float32" and str(acc_buf.dtype) != "float32":
         return None
 
-    def indexer(load, second, last):
+    def j_at(j) -> list:  # column j as the output axes it flattens: j itself, or a conv's pixel (y, x)
+        return [j] if nj == 1 else _unravel(j, jext)
+
+    def indexer(load, second, last):  # second / last: i, k or vjs (the column's axes)
         def at_(bv, p, q):
-            return [substitute(i, {**dict(zip(bvars, bv)), second: p, last: q}) for i in load.indices]
+            vmap = dict(zip(bvars, bv))
+            for var, value in ((second, p), (last, q)):
+                vmap.update(zip(var, j_at(value)) if isinstance(var, list) else [(var, value)])
+            idx = [substitute(i, vmap) for i in load.indices]
+            return idx if nj == 1 else [_ANALYZER.simplify(i) for i in idx]  # patches' y * ow + x: back to j
         return at_
 
     acc_dtype = str(acc_buf.dtype)
@@ -216,8 +253,9 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
             iv.iter_type != tirx.IterVar.DataPar for iv in tail.iter_vars
         ):
             return None
-    *out_outer, n_out = (int(s) for s in out.shape)
-    if not _is_param(out, func) or out_outer != [*batch, m] or n_out > n:
+    shape = [int(s) for s in out.shape]
+    out_outer, n_out = shape[:-nj], math.prod(shape[-nj:])
+    if not _is_param(out, func) or out_outer != [*batch, m] or n_out > n or nj > 1 and shape[-nj:] != jext:
         return None
     acc = tirx.Var("acc", "float32")
     foreign = []
@@ -236,12 +274,12 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         return None
 
     def epilogue(acc_value, bv, i, j):
-        return substitute(value, {acc: acc_value, **dict(zip(out_vars, [*bv, i, j]))})
+        return substitute(value, {acc: acc_value, **dict(zip(out_vars, [*bv, i, *j_at(j)]))})
 
     def out_at(bv, i, j):
-        return [*bv, i, j]
+        return [*bv, i, *j_at(j)]
 
-    a_at, b_at = indexer(a, vi, vk), indexer(b, vj, vk) if k_major else indexer(b, vk, vj)
+    a_at, b_at = indexer(a, vi, vk), indexer(b, vjs, vk) if k_major else indexer(b, vk, vjs)
     if batch and not any(uses(i, v) for i in b.indices for v in bvars):
         # B is shared by the batch (a weight): one GEMM of batch x M rows, not a batch of M-row GEMMs, which
         # would stream B once per batch entry (ViT's [197, 1, 768] tokens: 197 GEMMs of one row each)

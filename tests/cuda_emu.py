@@ -87,6 +87,8 @@ static EmuNamedBarrier emu_named_barriers[16];
 static std::vector<std::barrier<>*> emu_warp_barriers;
 static uint32_t emu_slots[1024][16];  // per-thread operand exchange for warp collectives
 static inline float max(float a, float b) { return std::fmax(a, b); }
+static inline half max(half a, half b) { return a > b ? a : b; }  // as TVM's CUDA preamble defines them
+static inline half min(half a, half b) { return a < b ? a : b; }
 static inline float min(float a, float b) { return std::fmin(a, b); }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
