@@ -305,6 +305,12 @@ CONFIGS_TF32 = (GemmConfig(n_tiles=4, stages=3), GemmConfig(m_tiles=2, n_tiles=4
 # sm_90a, fp16 / bf16: two warpgroups of 64 x 256 (or 64 x 128) wgmma tiles, 4 stages of 64-deep k-tiles (192 / 128 KB)
 WGMMA_CONFIGS = (GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=32, bk=64, stages=4, wgmma=True),
                  GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=16, bk=64, stages=4, wgmma=True))
+# one warpgroup's 64 x 256 (64 x 128) tiles, where two warpgroups' leave SMs idle, unless over half the tile's columns
+# would be padding. H100, ResNet-50 b32 (CUPTI per kernel, ``rerun/resnet-conv-gemm/``): its 3x3 / 1x1 convs of 256
+# channels over 32 x 200 pixels ran 1.65-1.7x faster on 64 x 128 than mma.sync's 64 x 64 tiles; its 512-channel ones
+# over 32 x 56 pixels 1.3-1.5x slower on 64 x 256 (a 128-wide tile was not timed), and one warpgroup in place of two
+# for 64-channel convs (half of two warpgroups' rows padding) 1.2-2x slower
+WGMMA_ONE = tuple(replace(cfg, warps_m=4) for cfg in WGMMA_CONFIGS)
 # where the 64 x 256 tiles would leave the last wave of CTAs less than this full: persistent CTAs, one an SM, over 64 x
 # 128 tiles in 6 stages (H100, two runs side by side: GPT-2's N = 768 GEMMs, 192 tiles for 132 SMs, 1.09-1.10x; qkv,
 # 576 tiles, 1.05-1.09x; mlp up, LM head and the square, whose last waves are >= 97 % full, 0.88-0.95x)
@@ -317,11 +323,13 @@ L2_OPERAND_BYTES = 16 << 20
 
 def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest; ``wgmma`` (an sm_90a target) tries its
-    tiles first, persistent where its largest tile's last wave would be ragged (``FULL_WAVE``) or K is one k-tile,
+    tiles first (``WGMMA_ONE`` where two warpgroups' leave SMs idle), persistent where its largest tile's last wave would be ragged (``FULL_WAVE``) or K is one k-tile,
     down M in bands where B does not fit L2 (``L2_OPERAND_BYTES``)."""
-    configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *CONFIGS) if wgmma else CONFIGS
+    configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *WGMMA_ONE, *CONFIGS) if wgmma else CONFIGS
     sms = sm_count()
     for cfg in configs:
+        if cfg in WGMMA_ONE and cfg.bn >= 2 * spec.n_out:
+            continue
         tiles = math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn)
         if tiles >= sms:
             # a ragged last wave, or one k-tile a tile (nothing in it to overlap its copies with; H100, three runs:

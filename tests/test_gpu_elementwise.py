@@ -130,14 +130,15 @@ def test_rotary_embedding_emulated(rng, dtype, d):
     np.testing.assert_allclose(arrays["T_add"].astype(np.float64), ref, rtol=tol, atol=tol)
 
 
-def test_innermost_select_within_a_vector_is_an_element_a_thread(rng):
+def test_innermost_select_within_a_vector_is_computed_lane_by_lane(rng):
     """A concatenation of the innermost axis whose seam is not a multiple of 2 (5 + 11) would select within a
-    vector's lanes: scalar loads and stores, one element a thread (int32 indices, unlike DLight's Fallback)."""
+    vector's lanes: each thread computes its vector's elements one by one into registers (scalar loads, the test per
+    element) and stores them as one vector."""
     x = te.placeholder((4, 5, 16), "float16", name="x")
     func = scheduled(x, rotate_half(x, 5))
     src = cuda_emu.cuda_source(func, TARGET)
     body = src[src.index('extern "C"'):]
-    assert "half2" not in body and "half4" not in body and "int64_t" not in body, body
+    assert "*(half4*)(T_concat_ptr + " in body and "*(half4*)(x_ptr" not in body and "int64_t" not in body, body
     arrays = {"x": rng.standard_normal((4, 5, 16)).astype("float16"), "T_concat": np.full((4, 5, 16), np.nan, "float16")}
     cuda_emu.run(func, TARGET, arrays)
     np.testing.assert_array_equal(arrays["T_concat"], np.concatenate([-arrays["x"][..., 5:], arrays["x"][..., :5]], -1))

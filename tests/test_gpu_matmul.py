@@ -265,6 +265,10 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     # GPT-2's LM head: B (77 MB) would not stay in L2, A's 8192 rows (12.6 MB) do: column by column (64 row tiles)
     assert config(8192, 50264, 768) == dataclasses.replace(WGMMA_CONFIGS[0], group_m=64)
     assert config(65536, 50264, 768).group_m == 85  # bands of 85 row tiles' A (16 MB)
+    # one warpgroup's tiles where two warpgroups' leave SMs idle (M = 256, N = 4224: 34 / 66 / 68 tiles, then 132 of
+    # 64 x 128), not where over half their columns would be padding (N = 56: mma.sync's 64 x 64 tiles)
+    assert config(256, 4224, 576) == gpu_matmul.WGMMA_ONE[1]
+    assert config(8448, 56, 512) == gpu_matmul.CONFIGS[1]
     assert not config(128, 768, 768).wgmma and not config(8192, 2304, 768, "float32").wgmma
     func = gemm_func((), 8192, 2304, 768, k_major, "float16", "none")[0]
     sm80 = GpuMatmul().apply(func, targets.resolve("cuda-sm80").target, False)
@@ -274,7 +278,7 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
 
 @pytest.mark.parametrize("n", [2304, 2392])
 @pytest.mark.parametrize("k_major", [False, True])
-@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
+@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, *gpu_matmul.WGMMA_ONE, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
                                  dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], group_m=64),
                                  dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132, group_m=16)],
                          ids=lambda c: c.name)
