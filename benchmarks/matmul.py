@@ -32,7 +32,8 @@ from benchmarks.common import gpu_slug  # noqa: E402
 
 BUILD = REPO / "build" / "gpu" / "matmul"
 
-# (batch, m, n, k, layout, what): layout "nn" = B stored [k, n]; "nt" = B stored [n, k] (the fp16 im2col's patches)
+# (batch, m, n, k, layout, what): layout "nn" = B stored [k, n]; "nt" = B stored [n, k] (ResNet's convs' patches until
+# 2026-12-07; their GEMMs now read B as [k, pixels], "nn", see schedules/gpu_conv2d.py)
 SHAPES = [
     ((), 4096, 4096, 4096, "nn", "square"),
     ((), 8192, 2304, 768, "nn", "gpt2 b32 qkv"),
@@ -82,7 +83,7 @@ TOLERANCE = {"float16": 2e-3, "float32": 1e-4}  # fp16: output rounding (2^-11);
 
 def fused_gemm(batch: tuple, m: int, n: int, k: int, layout: str, dtype: str):
     """The fused PrimFunc of out = (A @ B) in ``dtype`` with fp32 accumulation: for "nn" what tvmpipe's passes
-    make of a Relax matmul; for "nt" (B stored [n, k], as tvmpipe's im2col writes its patches) written in TE."""
+    make of a Relax matmul; for "nt" (B stored [n, k], as tvmpipe wrote a conv's patches until 2026-12-07) written in TE."""
     from tvm import relax, te, tirx
 
     from compiler import passes, schedules, targets

@@ -12,7 +12,7 @@ writes the GEMM at the PTX level with the pieces of the flash-attention kernel (
 * otherwise one CTA computes a ``BM x BN`` output tile with ``warps_m x warps_n`` warps, each warp ``16 m_tiles``
   rows by ``8 n_tiles`` columns of ``mma.sync.m16n8k16`` fp32 accumulators; A and B tiles of ``BK`` along K stream
   through shared memory with ``cp.async`` into a ``stages``-deep ring (rows padded by 16 bytes: ``ldmatrix`` without
-  bank conflicts); B read as stored: ``[.., N, K]`` (K contiguous: the im2col patches of a conv) with ``ldmatrix``,
+  bank conflicts); B read as stored: ``[.., N, K]`` (K contiguous: a transposed weight) with ``ldmatrix``,
   ``[.., K, N]`` with ``ldmatrix.trans``;
 * rows / columns / K past the end are zero-filled by the copies (src-size 0), so any M works, and any K and N that
   fill 16-byte rows;
@@ -24,8 +24,8 @@ writes the GEMM at the PTX level with the pieces of the flash-attention kernel (
   consecutive threads store row-wise (``GemmConfig.staged``; see ``OP`` in ``kernel``).
 
 ``match`` reads the GEMM and its epilogue back from any fused PrimFunc whose one reduction is a (batched)
-matmul of fp16/bf16/fp32 operands (a weight shared over the batch folds the batch into M); what it does not
-recognise stays with DLight.
+matmul of fp16/bf16/fp32 operands (a weight shared over the batch folds the batch into M; the columns may be a
+conv's output pixels (y, x), ``gpu_conv2d``); what it does not recognise stays with DLight.
 """
 
 from __future__ import annotations
