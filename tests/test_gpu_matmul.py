@@ -133,37 +133,39 @@ def test_gemm_kernel_emulated(rng, batch, m, n, k, k_major, dtype, epilogue, cfg
     assert err <= tol, f"normwise error {err:.2e}"
 
 
-CONV_CASES = [  # batch, oc, rows (K), (oh, ow), B, config: a conv's GEMM over its NCHW output (gpu_conv2d)
-    (2, 70, 72, (6, 12), "input", WG_SMALL),  # B[n, k, y, x]: 72 pixels, a ragged column tile; ragged M
-    (3, 40, 136, (5, 5), "patches", dataclasses.replace(WG_SMALL, persistent=2)),  # B[n, k, y * 5 + x], rows of 32
-    (2, 33, 40, (4, 6), "input", SMALL),  # mma.sync
-    (2, 24, 48, (7, 7), "patches", None),  # the rule's choice; rows of 56
+CONV_CASES = [  # batch, oc, rows (K), (oh, ow), B, dtype, config: a conv's GEMM over its NCHW output (gpu_conv2d)
+    (2, 70, 72, (6, 12), "input", "float16", WG_SMALL),  # B[n, k, y, x]: 72 pixels, a ragged column tile; ragged M
+    (3, 40, 136, (5, 5), "patches", "float16", dataclasses.replace(WG_SMALL, persistent=2)),  # B[n, k, y*5+x], rows of 32
+    (2, 33, 40, (4, 6), "input", "float16", SMALL),  # mma.sync
+    (2, 24, 48, (7, 7), "patches", "float16", None),  # the rule's choice; rows of 56
+    (2, 20, 24, (3, 5), "patches", "float32", None),  # fp32 (3xTF32), the rule's choice; rows of 16
 ]
 
 
-@pytest.mark.parametrize("batch, oc, rows, hw, form, cfg", CONV_CASES)
-def test_conv_gemm_kernel_emulated(rng, batch, oc, rows, hw, form, cfg):
+@pytest.mark.parametrize("batch, oc, rows, hw, form, dtype, cfg", CONV_CASES)
+def test_conv_gemm_kernel_emulated(rng, batch, oc, rows, hw, form, dtype, cfg):
     """The output's pixels (y, x) are the GEMM's columns, B's rows the input's or its patches' (pixels padded to a
-    multiple of 8, the padding never stored); bias, residual add and Relu fused after it, in fp16."""
+    multiple of 8, the padding never stored); bias, residual add and Relu fused after it."""
     from schedules import gpu_conv2d
 
     (oh, ow), pixels = hw, hw[0] * hw[1]
     padded = -(-pixels // 8) * 8
-    w = te.placeholder((oc, rows), "float16", "a")
-    b = te.placeholder((batch, rows, oh, ow) if form == "input" else (batch, rows, padded), "float16", "b")
-    bias, res = te.placeholder((1, oc, 1, 1), "float16", "bias"), te.placeholder((batch, oc, oh, ow), "float16", "res")
-    y = topi.nn.relu(topi.add(topi.add(topi.cast(gpu_conv2d._gemm(w, b, oh, ow, "float32"), "float16"), bias), res))
+    w = te.placeholder((oc, rows), dtype, "a")
+    b = te.placeholder((batch, rows, oh, ow) if form == "input" else (batch, rows, padded), dtype, "b")
+    bias, res = te.placeholder((1, oc, 1, 1), dtype, "bias"), te.placeholder((batch, oc, oh, ow), dtype, "res")
+    y = topi.nn.relu(topi.add(topi.add(topi.cast(gpu_conv2d._gemm(w, b, oh, ow, "float32"), dtype), bias), res))
     func = te.create_prim_func([w, b, bias, res, y]).without_attr("global_symbol")
     spec = gpu_matmul.match(func)
     assert spec is not None and (spec.batch, spec.m, spec.n, spec.n_out, spec.k, spec.b_k_major) == (
         (batch,), oc, pixels if form == "input" else padded, pixels, rows, False)
-    arrays = {p.name: rng.standard_normal([int(d) for d in p.shape]).astype(np.float16) for p in func.params[:-1]}
-    arrays[func.params[-1].name] = out = np.full((batch, oc, oh, ow), np.nan, np.float16)
+    arrays = {p.name: rng.standard_normal([int(d) for d in p.shape]).astype(dtype) for p in func.params[:-1]}
+    arrays[func.params[-1].name] = out = np.full((batch, oc, oh, ow), np.nan, dtype)
     cuda_emu.run(gpu_matmul.kernel(spec, cfg or gpu_matmul.choose(spec)), TARGET, arrays)
     cols = arrays["b"].reshape(batch, rows, -1)[..., :pixels]
     acc = (arrays["a"].astype(np.float64) @ cols.astype(np.float64)).reshape(out.shape)
-    ref = np.maximum(acc.astype(np.float16).astype(np.float64) + arrays["bias"] + arrays["res"], 0)
-    assert np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max() <= 2e-3
+    ref = np.maximum(acc.astype(dtype).astype(np.float64) + arrays["bias"] + arrays["res"], 0)
+    tol = 2e-3 if dtype == "float16" else 1e-5
+    assert np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max() <= tol
 
 
 def test_gemm_accumulating_in_fp16_is_matched(rng):
