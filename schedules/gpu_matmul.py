@@ -323,8 +323,8 @@ L2_OPERAND_BYTES = 16 << 20
 
 def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest; ``wgmma`` (an sm_90a target) tries its
-    tiles first (``WGMMA_ONE`` where two warpgroups' leave SMs idle), persistent where its largest tile's last wave would be ragged (``FULL_WAVE``) or K is one k-tile,
-    down M in bands where B does not fit L2 (``L2_OPERAND_BYTES``)."""
+    tiles first (``WGMMA_ONE`` where two warpgroups' leave SMs idle), persistent where its largest tile's last wave
+    would be ragged (``FULL_WAVE``) or K is one k-tile, down M in bands where B does not fit L2 (``L2_OPERAND_BYTES``)."""
     configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *WGMMA_ONE, *CONFIGS) if wgmma else CONFIGS
     sms = sm_count()
     for cfg in configs:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from onnx import TensorProto, helper
-from tvm import relax, te, topi
+from tvm import relax, te
 
 from compiler import targets
 from schedules import gpu_conv2d
