@@ -153,6 +153,12 @@ def _columns(indices: list, vjs: list, flat) -> int:
     return int(bool(indices) and len(vjs) > 1 and _ANALYZER.can_prove_equal(indices[-1], flat))
 
 
+def _axes(spatial: list, nj: int) -> tuple[list, tirx.Var, list]:
+    """(batch variables, row variable i, column variables) of a matmul block's spatial iter vars, the last ``nj``
+    being the column's axes."""
+    return [iv.var for iv in spatial[:-1 - nj]], spatial[-1 - nj].var, [iv.var for iv in spatial[-nj:]]
+
+
 def _operands(x: TensorLoad, y: TensorLoad, spatial: list, vk: tirx.Var) -> tuple | None:
     """(A, B, whether B is K-major, how many trailing output axes are the GEMM's column j, whether B's rows run past
     them) of the product ``x * y``, A[.., i, k] and B[.., k, j] or B[.., j, k]: j one axis (a matmul), or a conv's
@@ -161,7 +167,7 @@ def _operands(x: TensorLoad, y: TensorLoad, spatial: list, vk: tirx.Var) -> tupl
     for nj in (1, 2):
         if len(spatial) < nj + 1:
             return None
-        vi, vjs = spatial[-1 - nj].var, [iv.var for iv in spatial[-nj:]]
+        _, vi, vjs = _axes(spatial, nj)
         flat = vjs[0] * spatial[-1].dom.extent + vjs[1] if nj > 1 else vjs[0]
         a, b = (x, y) if uses(x.indices[-2], vi) else (y, x)
         if not (a.indices[-2].same_as(vi) and a.indices[-1].same_as(vk)):
@@ -220,7 +226,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
     dtype = str(a.source.dtype)
     if dtype not in MMA_DTYPES or str(b.source.dtype) != dtype or not (_is_param(a.source, func) and _is_param(b.source, func)):
         return None
-    bvars, vi, vjs = [iv.var for iv in spatial[:-1 - nj]], spatial[-1 - nj].var, [iv.var for iv in spatial[-nj:]]
+    bvars, vi, vjs = _axes(spatial, nj)
     ext = [int(e) for e in extents]
     batch, m, jext, k = ext[:-2 - nj], ext[-2 - nj], ext[-1 - nj:-1], ext[-1]
     n = int(b.source.shape[-1]) if padded else math.prod(jext)  # (patches: B's padded rows; the output keeps jext)
