@@ -39,7 +39,10 @@ VECTOR_BYTES = 16
 # Not 8 float16 lanes: TVM 0.27 gathers a strided float16x8 load (im2col, NCHW -> NHWC) with make_uint4 of
 # eight halves, which does not compile
 LANES = 4
+# Lanes computed one by one and stored as one vector (no vector load to gather): 16 bytes of float16
+SERIAL_LANES = 8
 INT32_MAX = (1 << 31) - 1
+GRID_YZ = 65535  # CUDA's most blocks along a grid's y or z
 FLOATS = {"float16", "bfloat16", "float32"}
 FLOAT_CODES = (tvm.DataTypeCode.FLOAT, tvm.DataTypeCode.BFLOAT)
 
@@ -72,8 +75,11 @@ class GpuElementwise(ScheduleRule):
             var = _innermost_var(sch, block)
             seams = _innermost_seams(sch, block, var)
             lanes = seams is not None and largest_divisor(math.gcd(extent, *seams), fits)
-            if not lanes:  # a select that may flip within a vector (a conv's padding): its lanes one by one
-                lanes_of[sch.get(block).name_hint] = largest_divisor(extent, fits) or 1
+            if not lanes:  # a select that may flip within a vector (a conv's padding): its lanes one by one, the
+                # vector only stored (16 bytes of the output's type)
+                width = tvm.DataType(str(sch.get(block).writes[0].source.dtype)).bits // 8
+                serial_fits = tuple(v for v in (SERIAL_LANES, 4, 2) if v * width <= VECTOR_BYTES)
+                lanes_of[sch.get(block).name_hint] = largest_divisor(extent, serial_fits) or 1
                 serial.add(sch.get(block).name_hint)
                 continue
             lanes_of[sch.get(block).name_hint] = lanes
@@ -83,22 +89,56 @@ class GpuElementwise(ScheduleRule):
             sch = s_tir.Schedule(_tests_read(sch.mod["main"], aligned))
         for name, lanes in lanes_of.items():
             block = sch.get_sblock(name)
-            size = static_size(sch, block)
             *outer, last = sch.get_loops(block)
             # vectors along the innermost axis (fused into the others, the indices become div/mod expressions
             # in which TVM proves a vector's alignment less often)
             vectors, lane = sch.split(last, [None, lanes])
-            bx, tx = sch.split(sch.fuse(*outer, vectors), [None, min(THREADS, size // lanes)])
-            sch.bind(bx, "blockIdx.x")
-            sch.bind(tx, "threadIdx.x")
             if name in serial:
+                tx = _grid(sch, outer, vectors) or _flat(sch, block, outer, vectors, lanes)
                 stored = sch.cache_write(block, 0, "local")
                 sch.reverse_compute_at(stored, tx)
                 sch.unroll(lane)
                 sch.vectorize(sch.get_loops(stored)[-1])
             else:
+                _flat(sch, block, outer, vectors, lanes)
                 sch.vectorize(lane)
         return sch
+
+
+def _flat(sch: s_tir.Schedule, block, outer: list, vectors, lanes: int):
+    """Every vector of ``block`` one thread's, in blocks of ``THREADS``: its loop (under ``vectors``) bound to
+    threadIdx.x."""
+    bx, tx = sch.split(sch.fuse(*outer, vectors), [None, min(THREADS, static_size(sch, block) // lanes)])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return tx
+
+
+def _grid(sch: s_tir.Schedule, outer: list, vectors):
+    """Vectors of the innermost axis on threadIdx.x (and blockIdx.x past ``THREADS``), the next axis on threadIdx.y
+    (as many of it as fill the block) and blockIdx.y, the others on blockIdx.z: a thread's position along the outer
+    axes is then uniform over its block or nearly (a conv's patch row: its channel and window offsets), where the flat
+    fused index made every element divide and take the remainder by each axis's extent (ResNet-50's patches: 0.9
+    TB/s). The loop bound to threadIdx.x, or None where the grid's y / z would pass CUDA's 65535."""
+    if not outer:
+        return None
+    nv, rows = int(sch.get(vectors).extent), int(sch.get(outer[-1]).extent)
+    # whole blocks of vectors where a divisor of theirs fills at least half a block (no tail to guard)
+    tx = nv if nv <= THREADS else next((t for t in range(THREADS, THREADS // 2, -1) if nv % t == 0), THREADS)
+    ty = next(t for t in (64, 32, 16, 8, 4, 2, 1) if t * tx <= THREADS and rows % t == 0)
+    rest = math.prod(int(sch.get(loop).extent) for loop in outer[:-1])
+    if rows // ty > GRID_YZ or rest > GRID_YZ:
+        return None
+    bx, tx_loop = sch.split(vectors, [None, tx])
+    by, ty_loop = sch.split(outer[-1], [None, ty])
+    if outer[:-1]:
+        sch.bind(sch.fuse(*outer[:-1]), "blockIdx.z")
+    sch.reorder(by, bx, ty_loop, tx_loop)
+    sch.bind(by, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty_loop, "threadIdx.y")
+    sch.bind(tx_loop, "threadIdx.x")
+    return tx_loop
 
 
 def _innermost_var(sch: s_tir.Schedule, block) -> tirx.Var | None:

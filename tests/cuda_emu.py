@@ -64,6 +64,7 @@ struct alignas(16) float4 { float x, y, z, w; };
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct Dim3 { int x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
+static thread_local int emu_tid;  // the thread's linear index in its block: warps are its runs of 32
 static char* emu_smem;
 static std::barrier<>* emu_block_barrier;
 // bar.sync / bar.arrive a, b (ids 1..15; 0 is __syncthreads): an instance completes when b threads arrived
@@ -97,11 +98,11 @@ static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline long max(long a, long b) { return a > b ? a : b; }  // int64_t (CUDA declares both)
 static inline long min(long a, long b) { return a < b ? a : b; }
 static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-static inline void warp_sync() { emu_warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+static inline void warp_sync() { emu_warp_barriers[emu_tid / 32]->arrive_and_wait(); }
 static inline void __syncwarp(unsigned = 0xFFFFFFFF) { warp_sync(); }  // (full warps only)
 static inline unsigned __cvta_generic_to_shared(const void* p) { return (unsigned)((const char*)p - emu_smem); }
 static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width) {
-  int t = threadIdx.x, lane = t % 32;
+  int t = emu_tid, lane = t % 32;
   std::memcpy(&emu_slots[t][0], &v, 4);
   warp_sync();
   int src = (t - lane) + ((lane ^ lane_mask) % width + lane / width * width);
@@ -110,7 +111,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width)
   return r;
 }
 template <typename T> static inline T __shfl_sync(unsigned, T v, int src_lane, int width) {
-  int t = threadIdx.x, lane = t % 32;
+  int t = emu_tid, lane = t % 32;
   std::memcpy(&emu_slots[t][0], &v, sizeof(T));
   warp_sync();
   T r; std::memcpy(&r, &emu_slots[(t - lane) + (src_lane % width + lane / width * width)][0], sizeof(T));
@@ -118,7 +119,7 @@ template <typename T> static inline T __shfl_sync(unsigned, T v, int src_lane, i
   return r;
 }
 static inline int __all_sync(unsigned, int p) {  // (full warps only)
-  int t = threadIdx.x, all = 1;
+  int t = emu_tid, all = 1;
   emu_slots[t][0] = p != 0;
   warp_sync();
   for (int l = 0; l < 32; ++l) all &= emu_slots[t - t % 32 + l][0];
@@ -128,7 +129,7 @@ static inline int __all_sync(unsigned, int p) {  // (full warps only)
 // ldmatrix.m8n8.xN.b16: threads 8i..8i+7 give the row addresses of matrix i; lane l gets matrix i's
 // elements (l/4, 2(l%4)..+1), or with .trans (2(l%4)..+1, l/4), packed in register i.
 static void emu_ldmatrix(bool trans, int num, unsigned addr, unsigned** out) {
-  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  int t = emu_tid, lane = t % 32, w0 = t - lane;
   emu_slots[t][0] = addr;
   warp_sync();
   for (int i = 0; i < num; ++i) {
@@ -149,7 +150,7 @@ template <typename T> static float emu_elem(uint32_t reg, int k) {
 // (g = lane/4, t = lane%4); C/D hold (g, 2t..2t+1) and (g+8, 2t..2t+1) for every shape.
 template <int K, typename Fill>
 static void emu_mma_warp(float** d, const unsigned* a, const unsigned* b, const float* c, Fill fill) {
-  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  int t = emu_tid, lane = t % 32, w0 = t - lane;
   std::memcpy(&emu_slots[t][0], a, 16); std::memcpy(&emu_slots[t][4], b, 8); std::memcpy(&emu_slots[t][6], c, 16);
   warp_sync();
   float A[16][K], B[K][8], C[16][8];
@@ -220,7 +221,7 @@ template <typename T> static float emu_desc_elem(uint64_t desc, int mn, int k, b
 // fragment) or from shared memory (ss, K-major).
 template <typename T>
 static void emu_wgmma(float** d, int n, const unsigned* a_regs, uint64_t a_desc, uint64_t b_desc, unsigned scale_d, bool trans_b) {
-  int t = threadIdx.x, lane = t % 32, w0 = t - lane, row0 = t % 128 / 32 * 16;
+  int t = emu_tid, lane = t % 32, w0 = t - lane, row0 = t % 128 / 32 * 16;
   float A[16][16];
   if (a_regs) {
     std::memcpy(&emu_slots[t][0], a_regs, 16);
@@ -280,9 +281,9 @@ struct EmuRegisterPool {
 };
 static EmuRegisterPool emu_registers;
 static void emu_setmaxnreg(long n, bool inc) {
-  if (threadIdx.x % 32 == 0) {
+  if (emu_tid % 32 == 0) {
     std::unique_lock<std::mutex> lock(emu_registers.m);
-    long& cur = emu_registers.per_warp[threadIdx.x / 32];
+    long& cur = emu_registers.per_warp[emu_tid / 32];
     if (inc ? n < cur : n > cur) std::abort();  // .inc must not lower the count, .dec must not raise it
     emu_registers.cv.wait(lock, [&] { return emu_registers.free >= 32 * (n - cur); });
     emu_registers.free -= 32 * (n - cur);
@@ -331,7 +332,7 @@ static void emu_tma_load(unsigned dst, const void* tmap, const int* coords, unsi
 // stmatrix.m8n8.x4.b16: threads 8i..8i+7 give the row addresses of matrix i; lane l holds matrix i's elements
 // (l/4, 2(l%4)..+1), here as floats x[2i], x[2i+1], rounded to E
 template <typename E> static void emu_stmatrix4(unsigned addr, const float* x) {
-  int t = threadIdx.x, lane = t % 32, w0 = t - lane;
+  int t = emu_tid, lane = t % 32, w0 = t - lane;
   emu_slots[t][0] = addr;
   warp_sync();
   for (int i = 0; i < 4; ++i) {
@@ -343,7 +344,8 @@ template <typename E> static void emu_stmatrix4(unsigned addr, const float* x) {
 """
 
 _HARNESS = r"""
-extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, long smem) {
+extern "C" void emu_launch(void** args, int gx, int gy, int gz, int tx, int ty, int tz, long smem) {
+  int threads = tx * ty * tz;
   std::vector<char> shared(smem + 64);
   emu_smem = shared.data();
   // blocks one at a time, last first: of a split softmax's blocks, which publish partials for one another, every
@@ -361,7 +363,12 @@ extern "C" void emu_launch(void** args, int gx, int gy, int gz, int threads, lon
     emu_registers.per_warp.assign((threads + 31) / 32, 65536 / threads / 8 * 8);
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
-      pool.emplace_back([=] { threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz; KERNEL_CALL; });
+      pool.emplace_back([=] {
+        emu_tid = t;
+        threadIdx.x = t % tx; threadIdx.y = t / tx % ty; threadIdx.z = t / (tx * ty);
+        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
+        KERNEL_CALL;
+      });
     for (auto& th : pool) th.join();
     for (auto* w : warps) delete w;
   }
@@ -551,15 +558,16 @@ def compile_kernel(source: str, name: str, workdir: Path) -> tuple[ctypes.CDLL, 
     return ctypes.CDLL(str(lib)), [p.removesuffix("_ptr") for _, p in params]
 
 
-def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], int, int, int]:
-    """(grid, threads, dynamic shared bytes, blocks per cluster along x) of ``name`` from the printed lowered host
+def launch_config(host_script: str, name: str) -> tuple[tuple[int, int, int], tuple[int, int, int], int, int]:
+    """(grid, block, dynamic shared bytes, blocks per cluster along x) of ``name`` from the printed lowered host
     function."""
     m = re.search(rf'T\.call_ffi_kernel\("{name}", (.*?), launch_params=\[(.*?)\]', host_script)
     tags = [t.strip().strip('"') for t in m.group(2).split(",")]
     values = [int(re.sub(r"T\.int\d+\((\d+)\)", r"\1", v)) for v in _split_top(m.group(1), ",")[-len(tags):]]
     dims = dict(zip(tags, values))
     grid = tuple(dims.get(f"blockIdx.{a}", 1) for a in "xyz")
-    return grid, dims.get("threadIdx.x", 1), dims.get("tirx.use_dyn_shared_memory", 0), dims.get("clusterCtaIdx.x", 1)
+    block = tuple(dims.get(f"threadIdx.{a}", 1) for a in "xyz")
+    return grid, block, dims.get("tirx.use_dyn_shared_memory", 0), dims.get("clusterCtaIdx.x", 1)
 
 
 def tensor_maps(host_script: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -606,7 +614,7 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
                for name, n, dtype in re.findall(r'(\w+) = T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?\)', host)}
     with tempfile.TemporaryDirectory() as tmp:
         for name in re.findall(r'T\.call_ffi_kernel\("(emu_kernel\w*)"', host):
-            grid, threads, smem, cluster = launch_config(host, name)
+            grid, block, smem, cluster = launch_config(host, name)
             # (as CUDA's launch requires; the blocks of a cluster still run one at a time here, not side by side)
             assert grid[0] % cluster == 0, f"{name}: {grid[0]} blocks in clusters of {cluster}"
             (Path(tmp) / name).mkdir()
@@ -616,7 +624,7 @@ def run(func, target, arrays: dict[str, np.ndarray], timeout: float = 600) -> No
             if hasattr(lib, "emu_set_cluster"):  # (a kernel that reads its cluster rank)
                 lib.emu_set_cluster(cluster)
             # a barrier protocol bug deadlocks the emulated threads: fail the test instead of hanging it
-            launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, threads, smem), daemon=True)
+            launch = threading.Thread(target=lib.emu_launch, args=(ptrs, *grid, *block, smem), daemon=True)
             launch.start()
             launch.join(timeout)
             if launch.is_alive():

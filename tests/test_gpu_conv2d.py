@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from onnx import TensorProto, helper
-from tvm import relax, te
+from tvm import relax, te, topi
 
 from compiler import targets
 from schedules import gpu_conv2d
@@ -80,25 +80,28 @@ def test_cuda_conv_kernels_are_gemms(capsys, tmp_path, rng):
     assert sorted(kernels.values()) == ["hand:GpuElementwise", "hand:GpuMatmul"], kernels
 
 
-@pytest.mark.parametrize("hw, pad", [((9, 8), 1), ((7, 5), 0)])
-def test_patches_kernel_emulated(rng, hw, pad):
-    """The patches of a 3x3 conv (27 window rows padded to 32 with zeros; 72 pixels, or 15 padded to 16) on the
-    elementwise rule's kernel (an element a thread where a select flips inside its vectors), against numpy."""
+@pytest.mark.parametrize("hw, k, stride, pad, dtype", [((9, 8), 3, 1, 1, "float16"), ((7, 5), 3, 1, 0, "float16"),
+                                                      ((13, 11), 7, 2, 3, "float32")])
+def test_patches_kernel_emulated(rng, hw, k, stride, pad, dtype):
+    """The patches of an RGB conv (3 x 3 x 3 = 27 window rows padded to 32 with zeros, or 147 to 152; 72 pixels, 15
+    padded to 16, 42 to 48) on the elementwise rule's kernel (a vector's elements one by one where a select flips
+    inside it; a float32 input cast in the kernel, as ResNet's first conv), against numpy."""
     from schedules.gpu_elementwise import GpuElementwise
     from tests import cuda_emu
 
     pytest.importorskip("cuda.bindings")
-    (h, w), (oh, ow) = hw, (hw[0] + 2 * pad - 2, hw[1] + 2 * pad - 2)
-    x = te.placeholder((2, 3, h, w), "float16", name="x")
-    col = gpu_conv2d._patches(x, 3, 3, [1, 1], [pad] * 4, [1, 1])
+    (h, w), window = hw, 3 * k * k
+    oh, ow = ((d + 2 * pad - k) // stride + 1 for d in hw)
+    x = te.placeholder((2, 3, h, w), dtype, name="x")
+    col = gpu_conv2d._patches(topi.cast(x, "float16"), k, k, [stride] * 2, [pad] * 4, [1, 1])
     with TARGET:
         sch = GpuElementwise().apply(te.create_prim_func([x, col]), TARGET, False)
-    xs = rng.standard_normal((2, 3, h, w)).astype(np.float16)
+    xs = rng.standard_normal((2, 3, h, w)).astype(dtype)
     out = np.full([int(d) for d in col.shape], np.nan, np.float16)
     cuda_emu.run(sch.mod["main"], TARGET, {"x": xs, "im2col": out})
-    padded = np.pad(xs, [(0, 0), (0, 0), (pad, pad), (pad, pad)])
-    ref = np.zeros((2, 32, -(-oh * ow // 8) * 8), np.float16)
-    for r in range(27):
-        c, ky, kx = r // 9, r // 3 % 3, r % 3
-        ref[:, r, :oh * ow] = padded[:, c, ky:ky + oh, kx:kx + ow].reshape(2, -1)
+    padded = np.pad(xs.astype(np.float16), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    ref = np.zeros((2, -(-window // 8) * 8, -(-oh * ow // 8) * 8), np.float16)
+    for r in range(window):
+        c, ky, kx = r // (k * k), r // k % k, r % k
+        ref[:, r, :oh * ow] = padded[:, c, ky:ky + stride * oh:stride, kx:kx + stride * ow:stride].reshape(2, -1)
     np.testing.assert_array_equal(out, ref)

@@ -132,16 +132,27 @@ def test_rotary_embedding_emulated(rng, dtype, d):
 
 def test_innermost_select_within_a_vector_is_computed_lane_by_lane(rng):
     """A concatenation of the innermost axis whose seam is not a multiple of 2 (5 + 11) would select within a
-    vector's lanes: each thread computes its vector's elements one by one into registers (scalar loads, the test per
-    element) and stores them as one vector."""
-    x = te.placeholder((4, 5, 16), "float16", name="x")
+    vector's lanes: each thread computes its vector's 8 elements one by one into registers (scalar loads, the test
+    per element) and stores them as one 16-byte vector; the vectors of a row on threadIdx.x, rows on threadIdx.y and
+    blockIdx.y, the outermost axis on blockIdx.z."""
+    x = te.placeholder((3, 8, 16), "float16", name="x")
     func = scheduled(x, rotate_half(x, 5))
     src = cuda_emu.cuda_source(func, TARGET)
     body = src[src.index('extern "C"'):]
-    assert "*(half4*)(T_concat_ptr + " in body and "*(half4*)(x_ptr" not in body and "int64_t" not in body, body
-    arrays = {"x": rng.standard_normal((4, 5, 16)).astype("float16"), "T_concat": np.full((4, 5, 16), np.nan, "float16")}
+    assert "*(uint4*)(T_concat_ptr + " in body and "*(uint4*)(x_ptr" not in body and "int64_t" not in body, body
+    assert all(f"{axis}Idx.{d}" in body for axis, d in (("thread", "y"), ("block", "z"))), body
+    arrays = {"x": rng.standard_normal((3, 8, 16)).astype("float16"), "T_concat": np.full((3, 8, 16), np.nan, "float16")}
     cuda_emu.run(func, TARGET, arrays)
     np.testing.assert_array_equal(arrays["T_concat"], np.concatenate([-arrays["x"][..., 5:], arrays["x"][..., :5]], -1))
+
+
+def test_lane_by_lane_rows_past_the_grid_are_flat():
+    """Rows whose blocks would pass CUDA's 65535 along y (2^23 rows of 8 elements, 64 rows a block) go back to one
+    flat index over blocks of 256 threads, as the other kernels."""
+    x = te.placeholder((1 << 23, 16), "float16", name="x")
+    src = cuda_emu.cuda_source(scheduled(x, rotate_half(x, 5)), TARGET)
+    body = src[src.index('extern "C"'):]
+    assert "__launch_bounds__(256)" in body and "threadIdx.y" not in body and "blockIdx.y" not in body, body
 
 
 @pytest.mark.parametrize("dtype", ["int64", "bool"])
