@@ -7,7 +7,8 @@ what ``--no-custom-schedules`` gives) and ``torch.matmul`` (cuBLAS), side by sid
                                                             # OUT/matmul-<device>.json; DIR2: another build's rule
     python benchmarks/matmul.py --table JSON               # a results file as a markdown table
 
-The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batch 1) plus a square one, in fp16
+The shapes are the GEMMs of the model zoo (GPT-2 at batch 32, BERT / ViT at batch 1, ResNet-50's convs at batch
+32 as ``schedules/gpu_conv2d.py`` writes them, ``--shapes conv``) plus a square one, in fp16
 and in fp32 (3xTF32 on the tensor cores; torch's fp32 matmul is cuBLAS's FP32 SGEMM, TF32 off by default);
 ``VARIANTS`` times other tile configurations beside the chosen one, which is how ``gpu_matmul.choose`` was
 picked; on sm_90a every fp16 shape also times the mma.sync kernel the rule takes without wgmma (``mma.sync
@@ -33,7 +34,8 @@ from benchmarks.common import gpu_slug  # noqa: E402
 BUILD = REPO / "build" / "gpu" / "matmul"
 
 # (batch, m, n, k, layout, what): layout "nn" = B stored [k, n]; "nt" = B stored [n, k] (ResNet's convs' patches until
-# 2026-12-07; their GEMMs now read B as [k, pixels], "nn", see schedules/gpu_conv2d.py)
+# 2026-12-07); "conv" = a conv's GEMM as ``schedules/gpu_conv2d.py`` writes it: the weight [m, k] shared by the batch,
+# its patches [batch, k, n rounded up to 8] (n the pixels of a square image), the output [batch, m, side, side]
 SHAPES = [
     ((), 4096, 4096, 4096, "nn", "square"),
     ((), 8192, 2304, 768, "nn", "gpt2 b32 qkv"),
@@ -48,6 +50,10 @@ SHAPES = [
     ((), 197, 768, 3072, "nn", "vit b1 mlp down"),
     ((32,), 256, 784, 1152, "nt", "resnet50 b32 conv3x3 28x28"),
     ((32,), 512, 49, 4608, "nt", "resnet50 b32 conv3x3 7x7"),
+    # ResNet-50's conv GEMMs over 56 x 56 ... 7 x 7 pixels whose tile the rule's column padding picks (and 64 channels)
+    *(((32,), m, side * side, k, "conv", f"resnet50 b32 conv {m}x{k} {side}x{side}") for m, k, side in (
+        (64, 576, 56), (128, 1152, 28), (128, 512, 28), (256, 2304, 14), (256, 1024, 14), (512, 1024, 14),
+        (1024, 256, 14), (512, 4608, 7), (2048, 512, 7), (2048, 1024, 7), (512, 2048, 7))),
 ]
 # fp32 (3xTF32 on the tensor cores against cuBLAS's FP32 SGEMM: torch leaves TF32 off for matmuls by default)
 SHAPES_FP32 = [s for s in SHAPES if s[-1] in ("square", "gpt2 b32 mlp up", "bert b1", "bert b1 mlp up", "vit b1 mlp down")]
@@ -70,6 +76,9 @@ WGMMA += [{**WGMMA[0], "staged": False}]  # the output stored straight from the 
 VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
             "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
             "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA,
+            # wgmma tiles of two warpgroups (128 x 256 / 128 / 64) and one (64 x 256 / 128 / 64)
+            **{what: [{**WGMMA[1], "warps_m": w, "n_tiles": nt} for w in (8, 4) for nt in (32, 16, 8)]
+               for *_, layout, what in SHAPES if layout == "conv"},
             "gpt2 b32 lm head": WGMMA + [{**WGMMA[0], "group_m": g} for g in (8, 16)],  # (the rule: column by column)
             # N = 64: the rule's 64 x 256 tiles compute 4x the columns there are; 64 x 64 tiles (not yet timed)
             "gpt2 b32 p.v": WGMMA + [{**WGMMA[1], "n_tiles": 8, "stages": st, "persistent": p} for st, p in ((4, 0), (6, 132))]}
@@ -83,12 +92,21 @@ TOLERANCE = {"float16": 2e-3, "float32": 1e-4}  # fp16: output rounding (2^-11);
 
 def fused_gemm(batch: tuple, m: int, n: int, k: int, layout: str, dtype: str):
     """The fused PrimFunc of out = (A @ B) in ``dtype`` with fp32 accumulation: for "nn" what tvmpipe's passes
-    make of a Relax matmul; for "nt" (B stored [n, k], as tvmpipe wrote a conv's patches until 2026-12-07) written in TE."""
+    make of a Relax matmul; for "nt" (B stored [n, k], as tvmpipe wrote a conv's patches until 2026-12-07) written in TE;
+    for "conv" the GEMM of ``gpu_conv2d`` over patches."""
     from tvm import relax, te, tirx
 
     from compiler import passes, schedules, targets
+    from schedules import gpu_conv2d
 
     target = targets.resolve("cuda-sm90")
+    if layout == "conv":
+        side = math.isqrt(n)
+        w = te.placeholder((m, k), dtype, "a")
+        col = te.placeholder((*batch, k, gpu_conv2d._round_up(n)), dtype, "b")
+        acc = gpu_conv2d._gemm(w, col, side, side, "float32")
+        out = te.compute(acc.shape, lambda *i: acc(*i).astype(dtype))
+        return te.create_prim_func([w, col, out]), target
     if layout == "nt":
         a = te.placeholder((*batch, m, k), dtype, "a")
         b = te.placeholder((*batch, n, k), dtype, "b")
@@ -113,7 +131,12 @@ RUNS = ([("float16", s) for s in SHAPES] + [("float32", s) for s in SHAPES_FP32]
         + [(dt, (*c, "check")) for dt in ("float16", "float32") for c in CHECKS])
 
 
-def build(folder: Path) -> None:
+def runs(only: list[str] | None) -> list:
+    """``RUNS`` whose name (``what``) contains one of ``only`` (all if None; the odd-shape checks are named "check")."""
+    return [r for r in RUNS if only is None or any(text in r[1][-1] for text in only)]
+
+
+def build(folder: Path, only: list[str] | None = None) -> None:
     """One CUDA module with every case's kernel (tvmpipe's: the rule; DLight's; tile variants; on sm_90a the mma.sync
     rule beside wgmma) -> ``folder``/kernels.so and its cases.json."""
     import dataclasses
@@ -127,7 +150,7 @@ def build(folder: Path) -> None:
 
     t0 = time.perf_counter()
     cases, funcs = [], {}
-    for dtype, (batch, m, n, k, layout, what) in RUNS:
+    for dtype, (batch, m, n, k, layout, what) in runs(only):
         func, target = fused_gemm(batch, m, n, k, layout, dtype)
         spec, wgmma = gpu_matmul.match(func), has_wgmma(target.target)
         shape = {"dtype": dtype, "batch": list(batch), "m": m, "n": n, "k": k, "layout": layout, "what": what}
@@ -159,7 +182,25 @@ def build(folder: Path) -> None:
     print(f"built {len(cases)} kernels -> {folder}/kernels.so in {time.perf_counter() - t0:.0f} s")
 
 
-def run(folder: Path, out: Path, baseline: Path | None = None) -> None:
+def operands(batch: tuple, m: int, n: int, k: int, layout: str, tdt):
+    """(A, B as the kernel reads it, B as [.., k, n] for torch.matmul, the float64 reference, the output) of a case;
+    a conv's padded pixel columns are zero, as its patches."""
+    import torch
+
+    conv = layout == "conv"
+    a = torch.randn(*(() if conv else batch), m, k, dtype=tdt, device="cuda")
+    b = torch.randn(*batch, *((k, n) if layout == "nn" else (n, k) if layout == "nt" else (k, -(-n // 8) * 8)),
+                    dtype=tdt, device="cuda")
+    if conv:
+        b[..., n:] = 0
+    rhs = b.transpose(-1, -2) if layout == "nt" else b[..., :n]  # (cuBLAS reads a conv's pixels in place)
+    ref = torch.matmul(a.double(), rhs.double())
+    if conv:
+        ref = ref.view(*batch, m, math.isqrt(n), math.isqrt(n))
+    return a, b, rhs, ref, torch.empty(ref.shape, dtype=tdt, device="cuda")
+
+
+def run(folder: Path, out: Path, baseline: Path | None = None, only: list[str] | None = None) -> None:
     """Check and time ``folder``'s kernels with cuBLAS beside them (GPU machine); ``baseline``: another build's rule
     kernels too ("tvmpipe-baseline")."""
     import torch
@@ -180,13 +221,9 @@ def run(folder: Path, out: Path, baseline: Path | None = None) -> None:
     records = []
     torch.manual_seed(0)
     with tvm_ffi.use_torch_stream():
-        for dtype, (batch, m, n, k, layout, what) in RUNS:
+        for dtype, (batch, m, n, k, layout, what) in runs(only):
             tdt = getattr(torch, dtype)
-            a = torch.randn(*batch, m, k, dtype=tdt, device="cuda")
-            b = torch.randn(*batch, *((k, n) if layout == "nn" else (n, k)), dtype=tdt, device="cuda")
-            rhs = b if layout == "nn" else b.transpose(-1, -2)
-            ref = torch.matmul(a.double(), rhs.double())
-            y = torch.empty(*batch, m, n, dtype=tdt, device="cuda")
+            a, b, rhs, ref, y = operands(batch, m, n, k, layout, tdt)
             at, bt, yt = (tvm.runtime.from_dlpack(t) for t in (a, b, y))
             flops = 2 * m * n * k * math.prod(batch)
             reps = max(10, min(200, int(2e13 / flops)))
@@ -195,7 +232,7 @@ def run(folder: Path, out: Path, baseline: Path | None = None) -> None:
                      == (dtype, batch, m, n, k, layout, what)]
             if what != "check":
                 timed.append(("torch", f"torch.matmul (cuBLAS, allow_tf32={torch.backends.cuda.matmul.allow_tf32})",
-                              lambda: torch.matmul(a, rhs)))
+                              lambda: torch.matmul(a, rhs).view(ref.shape)))
             for impl, schedule, fn in timed:
                 y.fill_(float("nan"))
                 try:
@@ -248,11 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, default=BUILD, help="--build / --run: the kernels' folder")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="--run: where the JSON goes")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="--run: another build's rule kernels beside them")
+    p.add_argument("--shapes", metavar="TEXT", nargs="+", help="--build / --run: only the shapes whose name contains a TEXT")
     args = p.parse_args(argv)
     if args.build:
-        build(args.dir)
+        build(args.dir, args.shapes)
     elif args.run:
-        run(args.dir, args.out, args.baseline)
+        run(args.dir, args.out, args.baseline, args.shapes)
     else:
         print(table(args.table))
     return 0

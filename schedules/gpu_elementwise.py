@@ -16,7 +16,10 @@ head dim) where every point at which it flips is a multiple of the lanes, its te
 vector's first element (``v // lanes * lanes`` for ``v``), which TVM's vectoriser sees as the same for all lanes
 (with ``v`` it scalarises the whole kernel, although the simplifier finds the test lane-uniform afterwards). Where
 a select may flip inside a vector (a conv's zero padding in its patches), each thread computes its vector's elements
-one by one into registers and stores them as one vector: ResNet-50's patches took 0.5 TB/s an element a thread.
+(16 bytes of the output) one by one into registers and stores them as one vector, a row's vectors across threadIdx.x
+and the rows across threadIdx.y and the grid (``_grid``): ResNet-50's patches took 0.5 TB/s an element a thread, 0.99
+TB/s a flat index's vector a thread (every element dividing it by each axis's extent) and 2.19 on the grid (stage 1's
+3x3, H100, copy 2.83: ``benchmarks/results/rerun/resnet-patches/``).
 """
 
 from __future__ import annotations

@@ -308,15 +308,18 @@ CONFIGS_TF32 = (GemmConfig(n_tiles=4, stages=3), GemmConfig(m_tiles=2, n_tiles=4
                 GemmConfig(m_tiles=1, n_tiles=4, stages=3))
 
 
-# sm_90a, fp16 / bf16: two warpgroups of 64 x 256 (or 64 x 128) wgmma tiles, 4 stages of 64-deep k-tiles (192 / 128 KB)
-WGMMA_CONFIGS = (GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=32, bk=64, stages=4, wgmma=True),
-                 GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=16, bk=64, stages=4, wgmma=True))
-# one warpgroup's 64 x 256 (64 x 128) tiles, where two warpgroups' leave SMs idle, unless over half the tile's columns
-# would be padding. H100, ResNet-50 b32 (CUPTI per kernel, ``rerun/resnet-conv-gemm/``): its 3x3 / 1x1 convs of 256
-# channels over 32 x 200 pixels ran 1.65-1.7x faster on 64 x 128 than mma.sync's 64 x 64 tiles; its 512-channel ones
-# over 32 x 56 pixels 1.3-1.5x slower on 64 x 256 (a 128-wide tile was not timed), and one warpgroup in place of two
-# for 64-channel convs (half of two warpgroups' rows padding) 1.2-2x slower
-WGMMA_ONE = tuple(replace(cfg, warps_m=4) for cfg in WGMMA_CONFIGS)
+# sm_90a, fp16 / bf16: two warpgroups of 64 x 256 (64 x 128, 64 x 64) wgmma tiles, 4 stages of 64-deep k-tiles
+WGMMA_CONFIGS = tuple(GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=n, bk=64, stages=4, wgmma=True)
+                      for n in (32, 16, 8))
+# one warpgroup's 64 x 64 tiles where two warpgroups' leave SMs idle (M = 192: three row tiles for two); wider ones
+# never have more tiles than two warpgroups' of half their width. H100, ResNet-50 b32's conv GEMMs (``rerun/
+# resnet-conv-gemm-tiles/``): 512 channels over 32 x 49 pixels 1.27x faster on them than mma.sync's 64 x 64 tiles
+WGMMA_ONE = replace(WGMMA_CONFIGS[-1], warps_m=4)
+# a wgmma tile whose columns would be more than this much padding over the output's (a conv over 7 x 7 pixels, 56 in
+# its B) is passed over where a narrower one pads less. H100, ResNet-50 b32's conv GEMMs (``benchmarks/matmul.py``,
+# ``rerun/resnet-conv-gemm-tiles/``): 2048 channels over 32 x 49 pixels 1.50x faster on 128 x 64 than 128 x 256, 512
+# channels 1.50x on 128 x 64 than mma.sync's 64 x 64 (the rule then)
+COLUMN_PADDING = 1.5
 # where the 64 x 256 tiles would leave the last wave of CTAs less than this full: persistent CTAs, one an SM, over 64 x
 # 128 tiles in 6 stages (H100, two runs side by side: GPT-2's N = 768 GEMMs, 192 tiles for 132 SMs, 1.09-1.10x; qkv,
 # 576 tiles, 1.05-1.09x; mlp up, LM head and the square, whose last waves are >= 97 % full, 0.88-0.95x)
@@ -329,15 +332,19 @@ L2_OPERAND_BYTES = 16 << 20
 
 def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
     """The largest tile that still gives every SM a CTA, else the smallest; ``wgmma`` (an sm_90a target) tries its
-    tiles first (``WGMMA_ONE`` where two warpgroups' leave SMs idle), persistent where its largest tile's last wave
-    would be ragged (``FULL_WAVE``) or K is one k-tile, down M in bands where B does not fit L2 (``L2_OPERAND_BYTES``)."""
-    configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, *WGMMA_ONE, *CONFIGS) if wgmma else CONFIGS
+    tiles first (``WGMMA_ONE`` where two warpgroups' leave SMs idle; a wave ``FULL_WAVE`` full; none much wider than
+    the output where a narrower one pads less, ``COLUMN_PADDING``), persistent where its largest tile's last wave
+    would be ragged or K is one k-tile, down M in bands where B does not fit L2 (``L2_OPERAND_BYTES``)."""
+    configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, WGMMA_ONE, *CONFIGS) if wgmma else CONFIGS
     sms = sm_count()
     for cfg in configs:
-        if cfg in WGMMA_ONE and cfg.bn >= 2 * spec.n_out:
+        if cfg.wgmma and _padded(spec, cfg.bn) > COLUMN_PADDING * spec.n_out \
+                and any(_padded(spec, c.bn) < _padded(spec, cfg.bn) for c in configs if c.wgmma):
             continue
         tiles = math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn)
-        if tiles >= sms:
+        # (wgmma: a wave 128 of 132 SMs full beat twice the tiles at half the size: ResNet-50's 512 channels over 49
+        # pixels 1.18x on 128 x 64 than 64 x 64, 256 over 196 1.16x on 128 x 128 than 64 x 128)
+        if tiles >= (FULL_WAVE if cfg.wgmma else 1) * sms:
             # a ragged last wave, or one k-tile a tile (nothing in it to overlap its copies with; H100, three runs:
             # GPT-2's unfused q.k^T, 384 x 256 x 256 x 64, 98-100 TFLOP/s persistent against 72-75, 1.31-1.37x)
             short = tiles / (-(-tiles // sms) * sms) < FULL_WAVE or spec.k <= cfg.bk
@@ -346,6 +353,11 @@ def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
                 cfg = replace(WGMMA_CONFIGS[1], stages=6, persistent=sms)
             return _grouped(spec, cfg) if cfg.wgmma else cfg
     return configs[-1]
+
+
+def _padded(spec: GemmSpec, bn: int) -> int:
+    """The output's columns rounded up to whole tiles of ``bn``."""
+    return -(-spec.n_out // bn) * bn
 
 
 def _grouped(spec: GemmSpec, cfg: GemmConfig) -> GemmConfig:

@@ -22,6 +22,7 @@ from tvm import te, topi  # noqa: E402
 
 from compiler import targets  # noqa: E402
 from schedules import gpu_matmul  # noqa: E402
+from schedules.common import planning_for  # noqa: E402
 from schedules.gpu_matmul import GemmConfig  # noqa: E402
 
 TARGET = targets.resolve("cuda-sm90").target
@@ -138,6 +139,7 @@ CONV_CASES = [  # batch, oc, rows (K), (oh, ow), B, dtype, config: a conv's GEMM
     (3, 40, 136, (5, 5), "patches", "float16", dataclasses.replace(WG_SMALL, persistent=2)),  # B[n, k, y*5+x], rows of 32
     (2, 33, 40, (4, 6), "input", "float16", SMALL),  # mma.sync
     (2, 24, 48, (7, 7), "patches", "float16", None),  # the rule's choice; rows of 56
+    (2, 96, 136, (7, 7), "patches", "float16", "wgmma"),  # sm_90a's rule for 2 SMs: 128 x 64 (56 of 256 / 128 padding)
     (2, 20, 24, (3, 5), "patches", "float32", None),  # fp32 (3xTF32), the rule's choice; rows of 16
 ]
 
@@ -160,6 +162,10 @@ def test_conv_gemm_kernel_emulated(rng, batch, oc, rows, hw, form, dtype, cfg):
         (batch,), oc, pixels if form == "input" else padded, pixels, rows, False)
     arrays = {p.name: rng.standard_normal([int(d) for d in p.shape]).astype(dtype) for p in func.params[:-1]}
     arrays[func.params[-1].name] = out = np.full((batch, oc, oh, ow), np.nan, dtype)
+    if cfg == "wgmma":
+        with planning_for(2):
+            cfg = gpu_matmul.choose(spec, wgmma=True)
+        assert cfg == gpu_matmul.WGMMA_CONFIGS[2]
     cuda_emu.run(gpu_matmul.kernel(spec, cfg or gpu_matmul.choose(spec)), TARGET, arrays)
     cols = arrays["b"].reshape(batch, rows, -1)[..., :pixels]
     acc = (arrays["a"].astype(np.float64) @ cols.astype(np.float64)).reshape(out.shape)
@@ -248,9 +254,10 @@ def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
 
 @pytest.mark.parametrize("k_major", [False, True])
 def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
-    """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 where 256 columns leave SMs idle; persistent over 64 x 128
-    tiles, a CTA an SM, where the 64 x 256 tiles' last wave would be under 90 % full or K is one k-tile; down M in
-    bands where B does not fit L2); GEMMs too small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
+    """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 or 64 x 64 where 256 columns leave SMs idle or would be
+    mostly padding, then one warpgroup's 64 x 64; persistent over 64 x 128 tiles, a CTA an SM, where the 64 x 256
+    tiles' last wave would be under 90 % full or K is one k-tile; down M in bands where B does not fit L2); GEMMs too
+    small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
     from schedules.gpu_matmul import WGMMA_CONFIGS, GpuMatmul
 
     def config(m, n, k, dtype="float16"):
@@ -267,10 +274,13 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     # GPT-2's LM head: B (77 MB) would not stay in L2, A's 8192 rows (12.6 MB) do: column by column (64 row tiles)
     assert config(8192, 50264, 768) == dataclasses.replace(WGMMA_CONFIGS[0], group_m=64)
     assert config(65536, 50264, 768).group_m == 85  # bands of 85 row tiles' A (16 MB)
-    # one warpgroup's tiles where two warpgroups' leave SMs idle (M = 256, N = 4224: 34 / 66 / 68 tiles, then 132 of
-    # 64 x 128), not where over half their columns would be padding (N = 56: mma.sync's 64 x 64 tiles)
-    assert config(256, 4224, 576) == gpu_matmul.WGMMA_ONE[1]
-    assert config(8448, 56, 512) == gpu_matmul.CONFIGS[1]
+    assert config(256, 4224, 576) == WGMMA_CONFIGS[2]  # 34 / 66 tiles of 256 / 128 columns, 132 of 64
+    # one warpgroup's 64 x 64 tiles where two warpgroups' leave SMs idle (M = 192: 80 tiles of 128 rows, 120 of 64;
+    # M = 8448, N = 56: 66 / 132)
+    assert config(192, 2560, 576) == gpu_matmul.WGMMA_ONE == config(8448, 56, 512)
+    # not a tile over half padding where a narrower one pads less (ResNet's convs over 56 / 784 padded pixels): a wave
+    # of 128 tiles of 128 x 64 (97 % of the SMs, not made persistent), 128 x 256 over 784 (1024: 31 % padding)
+    assert config(16384, 56, 512) == WGMMA_CONFIGS[2] and config(4096, 784, 512) == WGMMA_CONFIGS[0]
     assert not config(128, 768, 768).wgmma and not config(8192, 2304, 768, "float32").wgmma
     func = gemm_func((), 8192, 2304, 768, k_major, "float16", "none")[0]
     sm80 = GpuMatmul().apply(func, targets.resolve("cuda-sm80").target, False)
@@ -280,7 +290,7 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
 
 @pytest.mark.parametrize("n", [2304, 2392])
 @pytest.mark.parametrize("k_major", [False, True])
-@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, *gpu_matmul.WGMMA_ONE, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
+@pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, gpu_matmul.WGMMA_ONE, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
                                  dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], group_m=64),
                                  dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132, group_m=16)],
                          ids=lambda c: c.name)
