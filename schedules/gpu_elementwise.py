@@ -121,7 +121,7 @@ def _grid(sch: s_tir.Schedule, outer: list, vectors):
     """Vectors of the innermost axis on threadIdx.x (and blockIdx.x past ``THREADS``), the next axis on threadIdx.y
     (as many of it as fill the block) and blockIdx.y, the others on blockIdx.z: a thread's position along the outer
     axes is then uniform over its block or nearly (a conv's patch row: its channel and window offsets), where the flat
-    fused index made every element divide and take the remainder by each axis's extent (ResNet-50's patches: 0.9
+    fused index made every element divide and take the remainder by each axis's extent (ResNet-50's patches: 0.99
     TB/s). The loop bound to threadIdx.x, or None where the grid's y / z would pass CUDA's 65535."""
     if not outer:
         return None
