@@ -447,6 +447,26 @@ def test_constant_index_gather_is_a_slice_that_fuses(capsys, tmp_path, rng, indi
     assert ("relax.take" not in ops and "relax.strided_slice" in ops and len(ks) == 1) == sliced, ks
 
 
+@pytest.mark.parametrize("shared_elsewhere", [False, True])
+def test_packed_qkv_slices_each_read_the_projection(capsys, tmp_path, rng, shared_elsewhere):
+    """PyTorch's packed q/k/v (``nn.MultiheadAttention``, torchvision's ViT): qkv [s, b, 3e] -> Reshape -> Unsqueeze
+    -> Transpose -> Squeeze -> three Gathers. Each slice's kernel recomputes the layout chain from qkv, so no kernel
+    writes the [3, s, b, e] copy; unless the copy is read by something else too (here: a model output), then it is
+    written once, as before. Numbers vs onnxruntime either way."""
+    g = blocks.Graph()
+    s, b, e = 5, 3, 8
+    qkv = g.n("Add", [g.n("MatMul", [g.input("x", [s, b, 6]), g.w(6, 3 * e)]), g.w(3 * e)])
+    split = g.n("Reshape", [qkv, g.c(np.array([s, b, 3, e], np.int64))])
+    moved = g.n("Transpose", [g.n("Unsqueeze", [split, g.c(np.array([0], np.int64))])], perm=[3, 1, 2, 0, 4])
+    packed = g.n("Squeeze", [moved, g.c(np.array([3], np.int64))])
+    parts = [g.n("Gather", [packed, g.c(np.array(i, np.int64))], axis=0) for i in range(3)]
+    outputs = [g.n("Mul", [p, g.c(np.array(0.35, np.float32))]) for p in parts[:2]] + [parts[2]]
+    ks = check(capsys, tmp_path, g.model(outputs + [packed] * shared_elsewhere), rng, tol=1e-6)
+    layout = [k for k in ks if "relax.permute_dims" in k["ops"]]
+    sliced = [k for k in layout if "relax.strided_slice" in k["ops"]]
+    assert (len(layout), len(sliced)) == ((1, 0) if shared_elsewhere else (3, 3)), ks
+
+
 def _addmm_view(g: "blocks.Graph", rng) -> str:
     """Hugging Face GPT-2's Conv1D: a 2-D addmm viewed as [1, 6, 10]."""
     h = g.n("Add", [g.n("MatMul", [g.input("x", [6, 8]), g.c(rng.standard_normal((8, 10)).astype(np.float32))]),

@@ -9,7 +9,8 @@ Fusion levels, so that what fusion buys can be measured side by side (``benchmar
 
 - ``"tvmpipe"`` (default): our graph passes (``GRAPH_PASSES``: constant folding, constant-index takes as
   slices, BatchNorm folding, LayerNorm and attention recognition, transpose cancellation, x**2 and x**3 as
-  products, reshapes moved below elementwise ops), then TVM's lowering with FuseOps + FuseTIR.
+  products, reshapes moved below elementwise ops, a layout chain several slices read recomputed in each), then TVM's
+  lowering with FuseOps + FuseTIR.
 - ``"tvm"``: TVM's stock lowering only (LegalizeOps + FuseOps + FuseTIR), what ``tvm.compile`` does.
 - ``"none"`` (``--no-fusion``): no fusion at all, ours or TVM's: every Relax op left after import is a
   kernel of its own and every intermediate tensor goes through memory (BatchNormalization included: only
@@ -31,6 +32,7 @@ from .layernorm import FuseLayerNorm
 from .layout import SimplifyLayout
 from .output_reshape import write_output_shape
 from .reshape_sink import SinkReshapes
+from .slice_sources import SliceSources
 from .small_powers import ExpandSmallPowers
 from .take_slice import TakeAsSlice
 
@@ -52,6 +54,7 @@ GRAPH_PASSES: list[tuple[str, Callable]] = [
     ("SimplifyLayout", SimplifyLayout),  # the transposes around the attention op cancel the exporter's
     ("SinkReshapes", SinkReshapes),
     ("RemoveRedundantReshape", relax.transform.RemoveRedundantReshape),
+    ("SliceSources", SliceSources),
     ("FoldConstant", relax.transform.FoldConstant),
     ("DeadCodeElimination", relax.transform.DeadCodeElimination),
 ]
