@@ -191,7 +191,7 @@ def operands(batch: tuple, m: int, n: int, k: int, layout: str, tdt):
     a = torch.randn(*(() if conv else batch), m, k, dtype=tdt, device="cuda")
     b = torch.randn(*batch, *((k, n) if layout == "nn" else (n, k) if layout == "nt" else (k, -(-n // 8) * 8)),
                     dtype=tdt, device="cuda")
-    if conv:
+    if conv:  # (the pixels padded to 8 as gpu_conv2d._round_up does: not imported, the GPU side has TVM's runtime only)
         b[..., n:] = 0
     rhs = b.transpose(-1, -2) if layout == "nt" else b[..., :n]  # (cuBLAS reads a conv's pixels in place)
     ref = torch.matmul(a.double(), rhs.double())

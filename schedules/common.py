@@ -86,6 +86,11 @@ def vector_shape(target: Target, dtype: str) -> tuple[int, int]:
     return bits // (16 if dtype == "float16" else 32), ACCUMULATOR_REGISTERS[bits]
 
 
+def elem_bytes(buf: tirx.Buffer) -> int:
+    """Bytes of one element of ``buf``."""
+    return tvm_ffi.dtype(str(buf.dtype)).bits // 8
+
+
 def largest_divisor(n: int, candidates: tuple[int, ...]) -> int | None:
     """The first of ``candidates`` that divides ``n``."""
     return next((c for c in candidates if n % c == 0), None)

@@ -33,7 +33,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import largest_divisor, substitute, uses
+from .common import elem_bytes, largest_divisor, substitute, uses
 from .cpu_elementwise import (cut_points, if_then_else_conditions, inline_to_outputs, is_if_then_else, selects,
                               static_size)
 
@@ -80,7 +80,7 @@ class GpuElementwise(ScheduleRule):
             lanes = seams is not None and largest_divisor(math.gcd(extent, *seams), fits)
             if not lanes:  # a select that may flip within a vector (a conv's padding): its lanes one by one, the
                 # vector only stored (16 bytes of the output's type)
-                width = tvm.DataType(str(sch.get(block).writes[0].source.dtype)).bits // 8
+                width = elem_bytes(sch.get(block).writes[0].source)
                 serial_fits = tuple(v for v in (SERIAL_LANES, 4, 2) if v * width <= VECTOR_BYTES)
                 lanes_of[sch.get(block).name_hint] = largest_divisor(extent, serial_fits) or 1
                 serial.add(sch.get(block).name_hint)

@@ -43,16 +43,11 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 from tvm.target import Target
 
-from .common import SMEM_BYTES, has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
+from .common import SMEM_BYTES, elem_bytes, has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 _ANALYZER = Analyzer()
 TF32_LOW_BITS = 0xFFFFE000  # the bits of an fp32 value a tf32 tensor-core operand keeps (sign, exponent, 10 of mantissa)
-
-
-def elem_bytes(buf: tirx.Buffer) -> int:
-    """Bytes of one element of ``buf`` (an operand's, the output's: the staging tile's size and fit)."""
-    return tvm_ffi.dtype(str(buf.dtype)).bits // 8
 
 
 def chunk(dtype: str) -> int:
@@ -337,9 +332,9 @@ def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
     would be ragged or K is one k-tile, down M in bands where B does not fit L2 (``L2_OPERAND_BYTES``)."""
     configs = CONFIGS_TF32 if spec.dtype == "float32" else (*WGMMA_CONFIGS, WGMMA_ONE, *CONFIGS) if wgmma else CONFIGS
     sms = sm_count()
+    least_padded = min((_padded(spec, c.bn) for c in configs if c.wgmma), default=0)
     for cfg in configs:
-        if cfg.wgmma and _padded(spec, cfg.bn) > COLUMN_PADDING * spec.n_out \
-                and any(_padded(spec, c.bn) < _padded(spec, cfg.bn) for c in configs if c.wgmma):
+        if cfg.wgmma and _padded(spec, cfg.bn) > max(COLUMN_PADDING * spec.n_out, least_padded):
             continue
         tiles = math.prod(spec.batch) * -(-spec.m // cfg.bm) * -(-spec.n_out // cfg.bn)
         # (wgmma: a wave 128 of 132 SMs full beat twice the tiles at half the size: ResNet-50's 512 channels over 49

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .util import users
+from .util import private, users
 
 # ops whose output element is one input element, moved or converted: cheap to recompute per consumer
 _LAYOUT = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.astype")
@@ -39,9 +39,9 @@ class _Rewriter(relax.PyExprMutator):
 
     def chain(self, var: relax.Expr) -> relax.Expr:
         """``var``'s layout ops anew, down to a tensor something else also reads (or a non-layout op's output)."""
-        value = self.var2val.get(var)
-        if var not in self.shared and (not _layout(var, self.var2val) or self.uses[var] > 1):
+        if var not in self.shared and not (_layout(var, self.var2val) and private(var, self.uses)):
             return self.visit_expr(var)
+        value = self.var2val[var]
         return self.builder_.emit(relax.Call(value.op, [self.chain(value.args[0]), *value.args[1:]], value.attrs,
                                              value.ty_args))
 
