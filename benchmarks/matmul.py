@@ -73,13 +73,16 @@ SMALL = [dict(), dict(warps_m=2, warps_n=2, m_tiles=2, n_tiles=4, bk=64, stages=
 WGMMA = [dict(warps_m=8, warps_n=1, m_tiles=1, n_tiles=n, bk=64, stages=st, wgmma=True, persistent=p)
          for n, st, p in ((32, 4, 0), (16, 4, 0), (16, 3, 0), (16, 6, 0), (16, 4, 132), (16, 6, 132), (16, 3, 264))]
 WGMMA += [{**WGMMA[0], "staged": False}]  # the output stored straight from the accumulators
-VARIANTS = {"square": BIG + WGMMA, "gpt2 b32 mlp up": BIG + WGMMA, "gpt2 b32 attn proj": BIG + WGMMA, "bert b1": SMALL,
-            "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
-            "gpt2 b32 qkv": WGMMA, "gpt2 b32 mlp down": WGMMA, "resnet50 b32 conv3x3 28x28": WGMMA,
+# warp-specialised with a TMA producer (one tile a CTA): 128 x 256 / 128 x 128 / 128 x 64 tiles, stages as fit
+TMA = [{**WGMMA[1], "n_tiles": nt, "stages": st, "tma": True} for nt, st in ((32, 4), (16, 4), (16, 6), (8, 8))]
+VARIANTS = {"square": BIG + WGMMA + TMA, "gpt2 b32 mlp up": BIG + WGMMA + TMA, "gpt2 b32 attn proj": BIG + WGMMA + TMA,
+            "bert b1": SMALL, "vit b1 mlp down": SMALL, "resnet50 b32 conv3x3 7x7": SMALL, "gpt2 b32 q.k^T": SMALL + WGMMA,
+            "gpt2 b32 qkv": WGMMA + TMA, "gpt2 b32 mlp down": WGMMA + TMA, "resnet50 b32 conv3x3 28x28": WGMMA,
             # wgmma tiles of two warpgroups (128 x 256 / 128 / 64) and one (64 x 256 / 128 / 64)
-            **{what: [{**WGMMA[1], "warps_m": w, "n_tiles": nt} for w in (8, 4) for nt in (32, 16, 8)]
+            **{what: [{**WGMMA[1], "warps_m": w, "n_tiles": nt} for w in (8, 4) for nt in (32, 16, 8)] + TMA
                for *_, layout, what in SHAPES if layout == "conv"},
-            "gpt2 b32 lm head": WGMMA + [{**WGMMA[0], "group_m": g} for g in (8, 16)],  # (the rule: column by column)
+            # (the rule: column by column)
+            "gpt2 b32 lm head": WGMMA + [{**WGMMA[0], "group_m": g} for g in (8, 16)] + [{**TMA[0], "group_m": 64}],
             # N = 64: the rule's 64 x 256 tiles compute 4x the columns there are; 64 x 64 tiles (not yet timed)
             "gpt2 b32 p.v": WGMMA + [{**WGMMA[1], "n_tiles": 8, "stages": st, "persistent": p} for st, p in ((4, 0), (6, 132))]}
 VARIANTS_FP32 = {

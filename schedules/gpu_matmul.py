@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.ir import Range
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
@@ -71,6 +72,9 @@ class GemmConfig:
     persistent: int = 0  # wgmma: this many CTAs, each looping over every persistent-th output tile (0: a CTA a tile)
     staged: bool = True  # the output through shared memory (``OP``), else stored from the accumulators
     group_m: int = 0  # wgmma: tiles numbered down M in bands of this many row tiles (0: along N, a row of tiles at a time)
+    # wgmma, one tile a CTA: warp-specialised, one more warpgroup loads A and B with TMA into an mbarrier ring (the
+    # computing warpgroups issue no copies and wait on no CTA barrier), as cuBLAS's and CUTLASS's Hopper GEMMs
+    tma: bool = False
 
     @property
     def bm(self) -> int:
@@ -81,14 +85,19 @@ class GemmConfig:
         return self.warps_n * self.n_tiles * 8
 
     @property
-    def threads(self) -> int:
+    def computing(self) -> int:
+        """Threads that hold accumulators."""
         return 32 * self.warps_m * self.warps_n
+
+    @property
+    def threads(self) -> int:
+        return self.computing + 128 * self.tma  # (the TMA producer: a warpgroup, for setmaxnreg)
 
     @property
     def name(self) -> str:
         return (f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}{'g' if self.wgmma else ''}"
                 f"{f'p{self.persistent}' if self.persistent else ''}{'' if self.staged else 'd'}"
-                f"{f'm{self.group_m}' if self.group_m else ''}")
+                f"{f'm{self.group_m}' if self.group_m else ''}{'t' if self.tma else ''}")
 
 
 @dataclass(frozen=True)
@@ -295,6 +304,48 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
     return GemmSpec(func, a.source, b.source, out, tuple(batch), m, n, k, n_out, k_major, a_at, b_at, epilogue, out_at)
 
 
+@dataclass(frozen=True)
+class TmaView:
+    """An operand as TMA copies its tiles: a dense row-major ``[batch, rows, cols]`` block of its buffer."""
+
+    rows: int
+    cols: int
+    batched: bool  # a block per flat batch index, else one the batch shares (a weight)
+
+    def tensor_map(self, nbatch: int, box_cols: int, box_rows: int, elem: int) -> tuple:
+        """``tensormap_encode_tiled``'s dims, byte strides, box and element strides (rank 3)."""
+        return (self.cols, self.rows, nbatch if self.batched else 1, self.cols * elem, self.rows * self.cols * elem,
+                box_cols, box_rows, 1, 1, 1, 1)
+
+
+def tma_views(spec: GemmSpec) -> tuple[TmaView, TmaView] | None:
+    """A and B as blocks TMA can copy, or None where an operand is not read at its buffer's own row-major positions
+    (a transpose or slice the prologue inlined): each read's flat offset must provably be that of its (batch, row,
+    column) in such a block."""
+    ana = Analyzer()
+    bvars = [tirx.Var(f"b{d}", "int32") for d in range(len(spec.batch))]
+    i, j, k = (tirx.Var(name, "int32") for name in "ijk")
+    for var, extent in (*zip(bvars, spec.batch), (i, spec.m), (j, spec.n_out), (k, spec.k)):
+        ana.bind(var, Range(0, extent))
+    flat = 0
+    for var, extent in zip(bvars, spec.batch):
+        flat = flat * extent + var
+
+    def view(buf, indices, row, col, rows, cols) -> TmaView | None:
+        offset = 0
+        for index, extent in zip(indices, buf.shape):
+            offset = offset * int(extent) + index
+        for batched in (False, True) if spec.batch else (False,):
+            if ana.can_prove_equal(offset, (flat * rows * cols if batched else 0) + row * cols + col):
+                return TmaView(rows, cols, batched)
+        return None
+
+    a = view(spec.a, spec.a_at(bvars, i, k), i, k, spec.m, spec.k)
+    b = (view(spec.b, spec.b_at(bvars, j, k), j, k, spec.n, spec.k) if spec.b_k_major
+         else view(spec.b, spec.b_at(bvars, k, j), k, j, spec.k, spec.n))
+    return (a, b) if a and b else None
+
+
 # from the tile sweep in benchmarks/results/matmul-h200.json: 64 x 64 warp tiles where there is work for every SM;
 # smaller CTA tiles (and longer K steps, fewer barriers) for the small-M GEMMs of batch-1 transformers
 CONFIGS = (GemmConfig(), GemmConfig(m_tiles=2, n_tiles=4, bk=64, stages=3), GemmConfig(m_tiles=1, n_tiles=4, bk=64, stages=3))
@@ -370,9 +421,11 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     ab = MMA_DTYPES[dtype]
     M, N, K = spec.m, spec.n, spec.k
     MT, NTL, S, BK = cfg.m_tiles, cfg.n_tiles, cfg.stages, cfg.bk
-    BM, BN, NT = cfg.bm, cfg.bn, cfg.threads
+    BM, BN, NT, NC = cfg.bm, cfg.bn, cfg.threads, cfg.computing
     WM, WN = MT * 16, NTL * 8  # rows / columns per warp
-    tf32, WG = dtype == "float32", cfg.wgmma
+    tf32, WG, TM = dtype == "float32", cfg.wgmma, cfg.tma
+    views = tma_views(spec) if TM else None
+    assert not TM or (WG and views and cfg.staged and not cfg.persistent), f"TMA: {cfg.name} on these operands"
     CH, KSTEP = chunk(dtype), 8 if tf32 else 16  # elements per 16-byte copy; K per mma
     # padded smem rows (elements): a 16-byte shift per row keeps ldmatrix (and tf32's scalar fragment loads) free of
     # bank conflicts; a [k, n] tile of fp32 is read down its columns, so its rows shift by 8 banks
@@ -410,10 +463,17 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     STAGE_OFF = SMEM if cfg.persistent else 0  # (elements of the operand type)
     if cfg.staged:
         SMEM = max(SMEM, STAGE_OFF + -(-BM * OP * OUT_BYTES // IN_BYTES))
+    # TMA: the ring's mbarriers after the tiles and the staging, full[S] (a stage's bytes are in) and empty[S] (every
+    # computing warp is done with it), 8 bytes each
+    SMEM = -(-SMEM * IN_BYTES // 8) * 8 // IN_BYTES if TM else SMEM
+    FULL, EMPTY = 0, S
+    MBAR_BYTES = SMEM * IN_BYTES
+    SMEM += 2 * S * 8 // IN_BYTES * TM
     assert SMEM * IN_BYTES <= SMEM_BYTES, f"{cfg.name}: {SMEM * IN_BYTES} bytes of shared memory, more than an SM has"
     nbatch, gm, gn, KT = math.prod(spec.batch), -(-M // BM), -(-spec.n_out // BN), -(-K // BK)
     f32 = "float32"
-    assert (BM * A_CPR) % NT == 0 and (B_ROWS * B_CPR) % NT == 0 and NTL % 2 == 0 and BK % KSTEP == 0
+    assert TM or (BM * A_CPR) % NC == 0 and (B_ROWS * B_CPR) % NC == 0
+    assert NTL % 2 == 0 and BK % KSTEP == 0
 
     # wgmma: the copies' sizes as a select (TVM writes if_then_else as an if / else, a branch, across which ptxas
     # serialises the wgmma in flight); the mma.sync kernels keep the form they were measured with
@@ -423,9 +483,9 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     def copy_tile(smem, base, src, at, row0, nrows, col0, ncols, rows, cpr, place, bv, tx):
         """cp.async ``rows`` x ``cpr`` 16-byte chunks of a row-major operand (indices ``at(bv, row, col)``) from
         (row0, col0) into smem[base:], element (r, c) at ``place(r, c)``; chunks past (nrows, ncols) read as 0."""
-        for it in T.unroll(rows * cpr // NT):
-            r = T.meta_var((it * NT + tx) // cpr)
-            c = T.meta_var((it * NT + tx) % cpr * CH)
+        for it in T.unroll(rows * cpr // NC):
+            r = T.meta_var((it * NC + tx) // cpr)
+            c = T.meta_var((it * NC + tx) % cpr * CH)
             T.ptx["cp.async.cg.shared.global"](
                 smem.ptr_to([base + place(r, c)]),
                 src.ptr_to(at(bv, T.min(row0 + r, nrows - 1), T.min(col0 + c, ncols - CH))),
@@ -555,13 +615,13 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             for nt in T.unroll(NTL):
                 for c in T.unroll(4):
                     r, col = T.meta_var(acc_at(wm, wn, lane, mt, nt, c))
-                    if m0 + r < M and n0 + col < spec.n_out:
+                    if m0 + r < M and n0 + col < spec.n_out and tx < NC:  # (TMA: not the producer's)
                         stage[r * OP + col] = spec.epilogue(acc[(mt * NTL + nt) * 4 + c], bv, m0 + r, n0 + col)
         T.tvm_storage_sync("shared")
-        for it in T.unroll(BM * BN // NT):
-            r = T.meta_var((it * NT + tx) // BN)
-            col = T.meta_var((it * NT + tx) % BN)
-            if m0 + r < M and n0 + col < spec.n_out:
+        for it in T.unroll(BM * BN // NC):
+            r = T.meta_var((it * NC + tx) // BN)
+            col = T.meta_var((it * NC + tx) % BN)
+            if m0 + r < M and n0 + col < spec.n_out and tx < NC:
                 T.buffer_store(out, stage[r * OP + col], spec.out_at(bv, m0 + r, n0 + col))
 
     @T.macro
@@ -604,7 +664,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         load_stage(smem, g % KT, g % S, _unravel(bz, spec.batch), m0 + past * M, n0 + past * N, tx)
 
     @T.macro
-    def gemm_wgmma(smem, cta, _bn, _bz, tx):
+    def gemm_wgmma(smem, cta, _bn, _bz, tx, _maps):
         """Output tiles cta, cta + CTAS, ... of 64 x BN per warpgroup, wgmma from a ring of ``S`` stages that runs on
         across the tiles: k-step g is issued while g - 1 may still run (one commit group in flight), so the copies
         run S - 2 steps ahead (into the next tile's first k-tiles while a tile's epilogue stores), into the slot of
@@ -651,8 +711,98 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                 store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
         T.ptx.cp.async_.wait_group(0)
 
+    # setmaxnreg (TMA): the producer warpgroup gives its registers to the computing ones (down to 24 a thread, they
+    # up to 240), from the even share ptxas allots under __launch_bounds__(NT, 1); they give them back for the epilogue.
+    # (One computing warpgroup has 255 a thread without it.)
+    NW = max(1, NC // 128)  # computing warpgroups
+    MOVE_REGS = NW > 1
+    EVEN_REGS = 65536 // NT // 8 * 8
+    CONSUMER_REGS = min(240, (EVEN_REGS * (NW + 1) - 24) // NW // 8 * 8)
+    PRODUCER_REGS = EVEN_REGS * (NW + 1) - NW * CONSUMER_REGS
+    CW = NC // 32  # computing warps: each releases a stage once its wgmma have read it
+
+    def mbar(sbase, i):  # shared-window address of mbarrier i
+        return sbase[0] + T.Cast("uint32", MBAR_BYTES + i * 8)
+
     @T.macro
-    def gemm_mma(smem, bm, bn, bz, tx):
+    def tma_copy(sbase, tmap, off, col, row, bz, bar):
+        """TMA: the box at (col, row) of batch block ``bz`` -> the tile at element ``off``, completing on ``bar``."""
+        T.ptx.cp(sbase[0] + T.Cast("uint32", off * IN_BYTES), T.reinterpret(T.handle().ty, T.address_of(tmap)),
+                 T.Cast("int32", col), T.Cast("int32", row), T.Cast("int32", bz), bar,
+                 "async", "bulk", "tensor", "3d", "shared::cluster", "global", "", "mbarrier::complete_tx::bytes",
+                 "", "", "", "")
+
+    @T.macro
+    def gemm_tma(smem, cta, _bn, _bz, tx, maps):
+        """Output tile ``cta``, warp-specialised: the last warpgroup's first thread streams the k-tiles into the ring
+        with TMA (a stage refilled once every computing warp has released it), the computing warpgroups wait for each
+        stage's bytes and run wgmma on it, one group in flight, releasing a stage once the group that read it is done.
+        Rows, columns and K past the operands' ends are zero-filled by TMA."""
+        acc = T.alloc_buffer((NTL * 4,), f32, scope="local")
+        sbase = T.alloc_buffer((1,), "uint32", scope="local")
+        done = T.alloc_buffer((1,), "uint32", scope="local")
+        warp = T.meta_var(tx // 32)
+        bz, m0, n0 = T.meta_var(tile_origin(cta))
+        a_bz, b_bz = T.meta_var([bz if v.batched else 0 for v in views])
+        sbase[0] = T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))
+        if tx == 0:
+            for i in T.unroll(S):
+                T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, FULL + i), T.uint32(1))
+                T.ptx["mbarrier.init.shared::cta.b64"](mbar(sbase, EMPTY + i), T.uint32(CW))
+            T.ptx["fence.mbarrier_init.release.cluster"]()
+        T.tvm_storage_sync("shared")
+        if warp >= CW:
+            if MOVE_REGS:
+                T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGS)
+            if tx == NC:
+                for kt in T.serial(KT):
+                    if kt >= S:  # the stage's previous k-tile (kt - S) released by every computing warp
+                        done[0] = T.uint32(0)
+                        while done[0] == T.uint32(0):
+                            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
+                                done[0], mbar(sbase, EMPTY + kt % S), T.Cast("uint32", 1 - kt // S % 2))
+                    T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                        mbar(sbase, FULL + kt % S), T.uint32((A_STAGE + B_STAGE) * IN_BYTES))
+                    tma_copy(sbase, maps[0], kt % S * A_STAGE, kt * BK, m0, a_bz, mbar(sbase, FULL + kt % S))
+                    if spec.b_k_major:
+                        tma_copy(sbase, maps[1], B_OFF + kt % S * B_STAGE, kt * BK, n0, b_bz, mbar(sbase, FULL + kt % S))
+                    else:  # one box per 64 columns (b_place's blocks)
+                        for cb in T.unroll(BN // 64):
+                            tma_copy(sbase, maps[1], B_OFF + kt % S * B_STAGE + cb * (BK * 64), n0 + cb * 64, kt * BK,
+                                     b_bz, mbar(sbase, FULL + kt % S))
+            T.ptx["bar.sync"](T.uint32(1), T.uint32(NT))  # the computing warps have given their registers back
+            if MOVE_REGS:
+                T.ptx["setmaxnreg.inc.sync.aligned.u32"](EVEN_REGS)
+        else:
+            if MOVE_REGS:
+                T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
+            for kt in T.serial(KT):
+                done[0] = T.uint32(0)
+                while done[0] == T.uint32(0):
+                    T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
+                        done[0], mbar(sbase, FULL + kt % S), T.Cast("uint32", kt // S % 2))
+                pin(acc, NTL * 4, "float")
+                T.ptx["wgmma.fence.sync.aligned"]()
+                for kk in T.unroll(BK // 16):
+                    T.ptx[WGMMA](
+                        *[acc[i] for i in range(NTL * 4)],
+                        wgmma_desc(sbase[0], kt % S * A_STAGE + swizzled(warp // 4 * 64, kk * 16), 16, 1024, True),
+                        wgmma_desc(sbase[0], B_OFF + kt % S * B_STAGE + b_kstep(kk), *B_STRIDES, True),
+                        kt + kk > 0, 1, 1, 0, B_TRANS)
+                T.ptx["wgmma.commit_group.sync.aligned"]()
+                pin(acc, NTL * 4, "float")
+                T.ptx["wgmma.wait_group.sync.aligned"](1)  # k-tile kt - 1's group is done: its stage is free
+                if T.And(kt > 0, tx % 32 == 0):
+                    T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + (kt + S - 1) % S))
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            pin(acc, NTL * 4, "float")
+            if MOVE_REGS:
+                T.ptx["setmaxnreg.dec.sync.aligned.u32"](EVEN_REGS)
+            T.ptx["bar.arrive"](T.uint32(1), T.uint32(NT))
+        store_staged(smem, acc, bz, m0, n0, warp, 0, tx)
+
+    @T.macro
+    def gemm_mma(smem, bm, bn, bz, tx, _maps):
         """Output tile (bm, bn, bz), mma.sync."""
         acc = T.alloc_buffer((MT * NTL * 4,), f32, scope="local")
         warp = T.meta_var(tx // 32)
@@ -670,31 +820,48 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         else:
             store_tile(acc, bz, m0, n0, wm, wn, lane)
 
-    gemm = gemm_wgmma if WG else gemm_mma
+    gemm = gemm_tma if TM else gemm_wgmma if WG else gemm_mma
 
     @T.macro
-    def cta(bm, bn, bz, tx):
-        """The CTA's shared buffer, then its output tile (bm, bn, bz); wgmma: its tiles from its number, ``bm``."""
+    def cta(bm, bn, bz, tx, maps):
+        """The CTA's shared buffer, then its output tile (bm, bn, bz); wgmma: its tiles from its number, ``bm``; TMA:
+        the operands' tensor maps ``maps``."""
         with T.sblock("gemm"):
             T.reads()
             T.writes()
             # named per dtype: kernels of both types can share one CUDA module (extern __shared__ names must agree)
             if dtype == "float16":
                 gemm_f16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                gemm(gemm_f16, bm, bn, bz, tx)
+                gemm(gemm_f16, bm, bn, bz, tx, maps)
             elif dtype == "float32":
                 gemm_f32 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                gemm(gemm_f32, bm, bn, bz, tx)
+                gemm(gemm_f32, bm, bn, bz, tx, maps)
             else:
                 gemm_bf16 = T.alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                gemm(gemm_bf16, bm, bn, bz, tx)
+                gemm(gemm_bf16, bm, bn, bz, tx, maps)
 
-    if WG:  # (a prim_func is parsed where it is defined: only the one used)
+    if TM:  # (a prim_func is parsed where it is defined: only the one used)
+        # the host encodes A's and B's tensor maps (boxes of 64 columns: one 128-byte swizzled row each) for the
+        # kernel; __launch_bounds__(NT, 1) lets ptxas honour setmaxnreg
+        a_map = views[0].tensor_map(nbatch, BK, BM, IN_BYTES)
+        b_map = views[1].tensor_map(nbatch, BK, BN, IN_BYTES) if spec.b_k_major else views[1].tensor_map(nbatch, 64, BK, IN_BYTES)
+
+        @T.prim_func(private=True, s_tir=True, check_well_formed=False)
+        def template():
+            ta: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            tb: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            T.tensormap_encode_tiled(ta, A.data, *a_map, descriptor_dtype=dtype, rank=3, swizzle=3)
+            T.tensormap_encode_tiled(tb, B.data, *b_map, descriptor_dtype=dtype, rank=3, swizzle=3)
+            for c in T.thread_binding(CTAS, thread="blockIdx.x"):
+                for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                    with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", 1):
+                        cta(c, 0, 0, tx, (ta, tb))
+    elif WG:
         @T.prim_func(private=True, s_tir=True, check_well_formed=False)
         def template():
             for c in T.thread_binding(CTAS, thread="blockIdx.x"):
                 for tx in T.thread_binding(NT, thread="threadIdx.x"):
-                    cta(c, 0, 0, tx)
+                    cta(c, 0, 0, tx, None)
     else:
         @T.prim_func(private=True, s_tir=True, check_well_formed=False)
         def template():
@@ -702,7 +869,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                 for bm in T.thread_binding(gm, thread="blockIdx.y"):
                     for bz in T.thread_binding(nbatch, thread="blockIdx.z"):
                         for tx in T.thread_binding(NT, thread="threadIdx.x"):
-                            cta(bm, bn, bz, tx)
+                            cta(bm, bn, bz, tx, None)
 
     return spec.func.with_body(template.body)
 

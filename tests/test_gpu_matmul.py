@@ -30,6 +30,8 @@ SMALL = GemmConfig(warps_m=1, warps_n=2, m_tiles=2, n_tiles=2, stages=3)  # 32 x
 # wgmma (sm_90a): one warpgroup of 64 x 64, a ring of 3 stages of 64-deep k-tiles; two warpgroups of 64 x 128 in 4
 WG_SMALL = GemmConfig(warps_m=4, warps_n=1, m_tiles=1, n_tiles=8, bk=64, stages=3, wgmma=True)
 WG_TWO = GemmConfig(warps_m=8, warps_n=1, m_tiles=1, n_tiles=16, bk=64, stages=4, wgmma=True)
+# warp-specialised: a TMA producer warpgroup beside them (two computing warpgroups move registers with setmaxnreg)
+WG_SMALL_TMA, WG_TWO_TMA = (dataclasses.replace(c, tma=True) for c in (WG_SMALL, WG_TWO))
 
 
 def gemm_func(batch: tuple, m: int, n: int, k: int, k_major: bool, dtype: str, epilogue: str, acc: str = "float32"):
@@ -90,6 +92,13 @@ CASES = [  # batch, m, n, k, k_major, dtype, epilogue, config
     # tiles down M in bands of 2 row tiles (3 x 3 tiles: the last band one row); persistent over 2 batches' bands
     ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL, group_m=2)),
     ((2,), 150, 72, 136, True, "float16", "residual", dataclasses.replace(WG_SMALL, persistent=5, group_m=2)),
+    # TMA: the ring wraps 5 times (16 k-tiles, 3 stages), ragged M / N; B K-major per batch, ragged K; a folded batch
+    # in bf16 and a K-major batch of 2 x 3 on two computing warpgroups; tiles in bands down M
+    ((), 150, 136, 1000, False, "float16", "bias_gelu", WG_SMALL_TMA),
+    ((2,), 130, 72, 200, True, "float16", "residual", WG_SMALL_TMA),
+    ((3,), 20, 200, 136, False, "bfloat16", "none", WG_TWO_TMA),
+    ((2, 3), 33, 24, 40, True, "float16", "residual", WG_TWO_TMA),
+    ((), 150, 136, 200, False, "float16", "bias_gelu", dataclasses.replace(WG_SMALL_TMA, group_m=2)),
     # mma.sync storing straight from the accumulators (the rule stages its output, fp32's in a ring of 4-byte elements)
     ((2, 3), 33, 24, 40, True, "float16", "residual", dataclasses.replace(SMALL, staged=False)),
     ((), 45, 44, 76, False, "float32", "bias_gelu", dataclasses.replace(SMALL, staged=False)),
@@ -141,6 +150,8 @@ CONV_CASES = [  # batch, oc, rows (K), (oh, ow), B, dtype, config: a conv's GEMM
     (2, 24, 48, (7, 7), "patches", "float16", None),  # the rule's choice; rows of 56
     (2, 96, 136, (7, 7), "patches", "float16", "wgmma"),  # sm_90a's rule for 2 SMs: 128 x 64 (56 of 256 / 128 padding)
     (2, 20, 24, (3, 5), "patches", "float32", None),  # fp32 (3xTF32), the rule's choice; rows of 16
+    (2, 70, 72, (6, 12), "input", "float16", WG_SMALL_TMA),  # TMA: the input as [n, k, 72 pixels]
+    (3, 40, 136, (5, 5), "patches", "float16", WG_TWO_TMA),  # TMA: the patches' padded rows (32 of 25 pixels)
 ]
 
 
@@ -291,6 +302,7 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
 @pytest.mark.parametrize("n", [2304, 2392])
 @pytest.mark.parametrize("k_major", [False, True])
 @pytest.mark.parametrize("cfg", [*gpu_matmul.WGMMA_CONFIGS, gpu_matmul.WGMMA_ONE, dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132),
+                                 *(dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[i], tma=True) for i in (0, 1)),
                                  dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[0], group_m=64),
                                  dataclasses.replace(gpu_matmul.WGMMA_CONFIGS[1], stages=6, persistent=132, group_m=16)],
                          ids=lambda c: c.name)
@@ -309,6 +321,22 @@ def test_wgmma_gemm_keeps_its_pipeline(tmp_path, k_major, cfg, n):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wgmma.mma_async instructions are serialized" not in done.stdout + done.stderr
+
+
+def test_tma_reads_only_operands_laid_out_as_blocks():
+    """TMA copies boxes of a dense [batch, rows, cols] block: an A whose batch axes are stored the other way round
+    (matched: its leading indices are batch variables) is no such block, and the TMA kernel is refused for it."""
+    a = te.placeholder((3, 2, 40, 24), "float16", "a")  # stored [b1, b0, m, k], read as a[b1, b0] for batch (b0, b1)
+    b = te.placeholder((2, 3, 24, 32), "float16", "b")
+    r = te.reduce_axis((0, 24), "r")
+    c = te.compute((2, 3, 40, 32), lambda i0, i1, i, j: te.sum(
+        a[i1, i0, i, r].astype("float32") * b[i0, i1, r, j].astype("float32"), axis=r))
+    spec = gpu_matmul.match(te.create_prim_func([a, b, topi.cast(c, "float16")]))
+    assert spec is not None and gpu_matmul.tma_views(spec) is None
+    with pytest.raises(AssertionError, match="TMA"):
+        gpu_matmul.kernel(spec, WG_SMALL_TMA)
+    views = gpu_matmul.tma_views(gpu_matmul.match(gemm_func((2, 3), 33, 24, 40, True, "float16", "none")[0]))
+    assert views == (gpu_matmul.TmaView(33, 40, True), gpu_matmul.TmaView(24, 40, True))
 
 
 def test_wgmma_tile_over_shared_memory_is_refused():
