@@ -158,6 +158,33 @@ def test_tanh_gelu_chain(capsys, tmp_path, rng):
     assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
 
 
+def test_sigmoid_and_silu_are_vectorised(capsys, tmp_path, rng):
+    """Sigmoid (alone, and as EfficientNet's SiLU after a 1x1 conv) is a polynomial exp, no scalar libm call: against
+    float64 at the special values (-inf, +inf, NaN, huge and tiny magnitudes) and against onnxruntime."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["y"]), helper.make_node("Sigmoid", ["z"], ["g"])]
+    special = np.array([-np.inf, np.inf, np.nan, 3e38, -3e38, 1e30, -1e30, 0.0, -0.0, 88.0, -87.0, 20.0, -20.0, 1e-30],
+                       np.float32)
+    model = make_model(nodes, [("x", F, [1, 13, 11, 11]), ("z", F, [5, 37])],
+                       [("y", F, [1, 37, 11, 11]), ("g", F, [5, 37])],
+                       {"w": rng.standard_normal((37, 13, 1, 1)).astype(np.float32)})
+    z = (rng.standard_normal((5, 37)) * 10).astype(np.float32)
+    z.flat[:special.size] = special
+    ours, ref = compile_and_compare(capsys, tmp_path, model,
+                                    {"x": rng.standard_normal((1, 13, 11, 11)).astype(np.float32), "z": z})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    with np.errstate(over="ignore"):
+        exact = 1 / (1 + np.exp(-z.astype(np.float64)))
+    np.testing.assert_allclose(ours["g"], exact, rtol=1e-6, atol=1e-37)  # (NaN where the input is NaN)
+    kernels = _kernels(tmp_path)
+    assert "hand:CpuConv2d" in kernels.values() and "default" not in kernels.values(), kernels
+    from compiler import pipeline
+
+    prep = pipeline.prepare(save(model, tmp_path / "m.onnx"), "cpu")
+    for name in prep.hand:
+        assert "T.exp(" not in prep.mod[name].script() and "T.sigmoid(" not in prep.mod[name].script()
+
+
 # strided: an odd padded row (gathers), an even one (a row in one vector of a phase), a row wider than 32, no padding
 # (no copy to deal); stride 1 with a row in one vector; a row wider than 32 (vectors of a divisor); no padding (no copy)
 @pytest.mark.parametrize("c, hw, stride, pad", [(24, 15, 2, 1), (7, 16, 2, 1), (5, 70, 2, 1), (4, 17, 2, 0), (8, 14, 1, 1),
