@@ -20,16 +20,20 @@ from tvm.target import Target
 from .common import largest_divisor, vector_shape
 
 BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 1)
+# grouped convs of up to this many input channels a group (RegNet's 8, ResNeXt's 4-32) take the same schedule, the
+# window's reduction running over the group's channels too
+GROUP_WIDTH = 32
 
 
-def depthwise_conv(sch: s_tir.Schedule) -> tuple | None:
-    """The kernel's depthwise conv block and its loops (n, c, oh, ow, rc, ry, rx), or None if it has none."""
+def depthwise_conv(sch: s_tir.Schedule, group_width: int = 1) -> tuple | None:
+    """The kernel's depthwise conv block and its loops (n, c, oh, ow, rc, ry, rx), or None if it has none; a grouped
+    conv of at most ``group_width`` input channels a group too."""
     try:
         conv = sch.get_sblock(BLOCK)
     except Exception:  # noqa: BLE001 - get_sblock raises a TVM error when the block is absent
         return None
     loops = sch.get_loops(conv)
-    if len(loops) != 7 or int(sch.get(loops[4]).extent) != 1:  # not depthwise: channels reduced per group
+    if len(loops) != 7 or int(sch.get(loops[4]).extent) > group_width:  # channels reduced per group
         return None
     return conv, loops
 
@@ -60,7 +64,7 @@ class CpuDepthwise(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
-        found = depthwise_conv(sch)
+        found = depthwise_conv(sch, GROUP_WIDTH)
         if found is None:
             return None
         conv, (n, c, oh, ow, rc, ry, rx) = found

@@ -204,6 +204,25 @@ def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride, pad):
     assert "hand:CpuDepthwise" in _kernels(tmp_path).values()
 
 
+# RegNet's groups of 8 channels (stride 2, padded), ResNeXt's of 4, 3 channels a group over an odd plane, a group of
+# 32 (the most the rule takes) and one of 33 (left to TVM's default)
+@pytest.mark.parametrize("c, width, hw, stride, rule", [(24, 8, 15, 2, "hand:CpuDepthwise"), (16, 4, 9, 1, "hand:CpuDepthwise"),
+                                                        (9, 3, 7, 1, "hand:CpuDepthwise"), (64, 32, 6, 1, "hand:CpuDepthwise"),
+                                                        (66, 33, 5, 1, "default")])
+def test_grouped_conv_bias_relu(capsys, tmp_path, rng, c, width, hw, stride, rule):
+    """A grouped 3x3 conv + bias + ReLU with few channels a group takes the depthwise schedule, its reduction over the
+    group's channels too (TVM's default group conv, one scalar thread, ran RegNetY-400MF's 3-14x slower)."""
+    w = rng.standard_normal((c, width, 3, 3)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c // width, strides=[stride] * 2, pads=[1] * 4),
+             helper.make_node("Relu", ["d"], ["y"])]
+    out = (hw - 1) // stride + 1
+    model = make_model(nodes, [("x", F, [2, c, hw, hw])], [("y", F, [2, c, out, out])],
+                       {"w": w, "b": rng.standard_normal(c).astype(np.float32)})
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": rng.standard_normal((2, c, hw, hw)).astype(np.float32)})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    assert list(_kernels(tmp_path).values()) == [rule]
+
+
 @pytest.mark.parametrize("hw, phased", [(16, True), (15, False)])
 def test_strided_depthwise_reads_phases_of_its_padded_copy(tmp_path, rng, hw, phased):
     """A stride-2 depthwise conv's padded plane is copied with its columns dealt into two phases (even, odd), so
