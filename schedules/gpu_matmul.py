@@ -8,7 +8,9 @@ writes the GEMM at the PTX level with the pieces of the flash-attention kernel (
 * sm_90a, fp16 / bf16 (``GemmConfig.wgmma``): two warpgroups each own 64 rows x BN columns as
   ``wgmma.mma_async.m64nBNk16`` from 128-byte swizzled shared tiles (B read MN-major where stored [k, n]), a ring of
   stages running two 64-deep k-tiles ahead with one wgmma group in flight; optionally persistent CTAs whose ring runs
-  on across their tiles (the rule's choice where the tiles' last wave would be ragged);
+  on across their tiles; or (``GemmConfig.tma``, the rule's choice for tiles of 128 x 128 and wider) warp-specialised:
+  a third warpgroup streams A and B in with TMA, the ring's stages handed over on mbarriers, the computing warpgroups
+  only wait and issue wgmma (``_with_tma``);
 * otherwise one CTA computes a ``BM x BN`` output tile with ``warps_m x warps_n`` warps, each warp ``16 m_tiles``
   rows by ``8 n_tiles`` columns of ``mma.sync.m16n8k16`` fp32 accumulators; A and B tiles of ``BK`` along K stream
   through shared memory with ``cp.async`` into a ``stages``-deep ring (rows padded by 16 bytes: ``ldmatrix`` without
@@ -397,8 +399,21 @@ def choose(spec: GemmSpec, wgmma: bool = False) -> GemmConfig:
             # (its 6 stages and staged output fill the shared memory with a 2-byte output; a 4-byte one does not fit)
             if cfg == WGMMA_CONFIGS[0] and short and elem_bytes(spec.out) == 2:
                 cfg = replace(WGMMA_CONFIGS[1], stages=6, persistent=sms)
-            return _grouped(spec, cfg) if cfg.wgmma else cfg
+            return _grouped(spec, _with_tma(spec, cfg)) if cfg.wgmma else cfg
     return configs[-1]
+
+
+def _with_tma(spec: GemmSpec, cfg: GemmConfig) -> GemmConfig:
+    """Two warpgroups' wgmma tile at least 128 columns wide, warp-specialised with TMA where the operands are blocks
+    TMA can copy; the persistent tile of a ragged last wave as 128 x 128 in 6 stages, one tile a CTA (but not over
+    one k-tile, where the persistent ring overlaps the next tile's copies). H100, ``benchmarks/matmul.py`` twice
+    (``rerun/gemm-tma/``: the variants beside the rule before, then this rule beside it): the square 1.23x (without its
+    bands) / 1.60x, GPT-2 b32's qkv 1.06x / 0.94x, mlp up 1.04x / 1.04x, mlp down 1.08x / 1.06x, attention projection
+    1.00x / 0.99x, LM head 1.13x / 1.20x, ResNet-50's conv GEMMs 0.97-1.11x; batch-32 fp16 models (7 interleaved
+    rounds): GPT-2 1.050x, BERT 1.105x, ViT-B/16 1.038x, ResNet-50 1.014x."""
+    if cfg.warps_m != 8 or cfg.bn < 128 or tma_views(spec) is None or cfg.persistent and spec.k <= cfg.bk:
+        return cfg
+    return replace(WGMMA_CONFIGS[1], stages=6, tma=True) if cfg.persistent else replace(cfg, tma=True)
 
 
 def _padded(spec: GemmSpec, bn: int) -> int:

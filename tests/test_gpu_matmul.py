@@ -267,23 +267,29 @@ def test_fp16_conv_runs_on_the_gemm_kernel(capsys, tmp_path, rng):
 def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     """sm_90a: two warpgroups of 64 x 256 wgmma (64 x 128 or 64 x 64 where 256 columns leave SMs idle or would be
     mostly padding, then one warpgroup's 64 x 64; persistent over 64 x 128 tiles, a CTA an SM, where the 64 x 256
-    tiles' last wave would be under 90 % full or K is one k-tile; down M in bands where B does not fit L2); GEMMs too
-    small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
+    tiles' last wave would be under 90 % full or K is one k-tile; down M in bands where B does not fit L2); tiles of
+    128 x 128 and wider warp-specialised with TMA, the persistent ones too (as 128 x 128 tiles in 6 stages) unless K is
+    one k-tile; GEMMs too small to fill the SMs with them, fp32 (3xTF32) and sm_80 keep mma.sync."""
     from schedules.gpu_matmul import WGMMA_CONFIGS, GpuMatmul
 
     def config(m, n, k, dtype="float16"):
         return gpu_matmul.choose(gpu_matmul.match(gemm_func((), m, n, k, k_major, dtype, "none")[0]), wgmma=True)
 
-    assert config(8192, 3072, 768) == WGMMA_CONFIGS[0]  # 768 tiles: the 6th wave 97 % full
+    def tma(cfg):
+        return dataclasses.replace(cfg, tma=True)
+
+    assert config(8192, 3072, 768) == tma(WGMMA_CONFIGS[0])  # 768 tiles: the 6th wave 97 % full
+    # 192 tiles: 73 %; 576: 87 %: with TMA, 128 x 128 tiles in 6 stages (without, persistent CTAs over them)
+    assert config(8192, 768, 768) == tma(dataclasses.replace(WGMMA_CONFIGS[1], stages=6)) == config(8192, 2304, 768)
     persistent = dataclasses.replace(WGMMA_CONFIGS[1], stages=6, persistent=132)
-    assert config(8192, 768, 768) == persistent == config(8192, 2304, 768)  # 192 tiles: 73 %; 576: 87 %
     assert config(98304, 256, 64) == persistent  # 768 tiles (97 %) of one k-tile each: GPT-2's unfused q.k^T
     fp32_out = gpu_matmul.match(gemm_func((), 8192, 768, 768, k_major, "float16", "residual")[0])
-    assert gpu_matmul.choose(fp32_out, wgmma=True) == WGMMA_CONFIGS[0]  # a 4-byte staged output would not fit beside
+    # (a 4-byte staged output would not fit beside the persistent ring)
+    assert gpu_matmul.choose(fp32_out, wgmma=True) == tma(WGMMA_CONFIGS[0])
     gpu_matmul.kernel(fp32_out, gpu_matmul.choose(fp32_out, wgmma=True))
-    assert config(2304, 1024, 768) == WGMMA_CONFIGS[1]  # 18 x 4 tiles of 256 columns (< 132 SMs), 18 x 8 of 128
+    assert config(2304, 1024, 768) == tma(WGMMA_CONFIGS[1])  # 18 x 4 tiles of 256 columns (< 132 SMs), 18 x 8 of 128
     # GPT-2's LM head: B (77 MB) would not stay in L2, A's 8192 rows (12.6 MB) do: column by column (64 row tiles)
-    assert config(8192, 50264, 768) == dataclasses.replace(WGMMA_CONFIGS[0], group_m=64)
+    assert config(8192, 50264, 768) == tma(dataclasses.replace(WGMMA_CONFIGS[0], group_m=64))
     assert config(65536, 50264, 768).group_m == 85  # bands of 85 row tiles' A (16 MB)
     assert config(256, 4224, 576) == WGMMA_CONFIGS[2]  # 34 / 66 tiles of 256 / 128 columns, 132 of 64
     # one warpgroup's 64 x 64 tiles where two warpgroups' leave SMs idle (M = 192: 80 tiles of 128 rows, 120 of 64;
@@ -291,7 +297,7 @@ def test_rule_takes_wgmma_on_sm90a_where_the_tiles_fill_the_gpu(k_major):
     assert config(192, 2560, 576) == gpu_matmul.WGMMA_ONE == config(8448, 56, 512)
     # not a tile over half padding where a narrower one pads less (ResNet's convs over 56 / 784 padded pixels): a wave
     # of 128 tiles of 128 x 64 (97 % of the SMs, not made persistent), 128 x 256 over 784 (1024: 31 % padding)
-    assert config(16384, 56, 512) == WGMMA_CONFIGS[2] and config(4096, 784, 512) == WGMMA_CONFIGS[0]
+    assert config(16384, 56, 512) == WGMMA_CONFIGS[2] and config(4096, 784, 512) == tma(WGMMA_CONFIGS[0])
     assert not config(128, 768, 768).wgmma and not config(8192, 2304, 768, "float32").wgmma
     func = gemm_func((), 8192, 2304, 768, k_major, "float16", "none")[0]
     sm80 = GpuMatmul().apply(func, targets.resolve("cuda-sm80").target, False)
