@@ -679,6 +679,23 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         load_stage(smem, g % KT, g % S, _unravel(bz, spec.batch), m0 + past * M, n0 + past * N, tx)
 
     @T.macro
+    def wgmma_ktile(acc, sbase, slot, kt, warp):
+        """This warpgroup's wgmma over the A and B tiles in ring slot ``slot`` (k-tile ``kt`` of its output tile: the
+        first overwrites the accumulators, no zeroed registers read), issued as one group; returns once the group
+        before it is done."""
+        pin(acc, NTL * 4, "float")
+        T.ptx["wgmma.fence.sync.aligned"]()
+        for kk in T.unroll(BK // 16):
+            T.ptx[WGMMA](
+                *[acc[i] for i in range(NTL * 4)],
+                wgmma_desc(sbase[0], slot * A_STAGE + swizzled(warp // 4 * 64, kk * 16), 16, 1024, True),
+                wgmma_desc(sbase[0], B_OFF + slot * B_STAGE + b_kstep(kk), *B_STRIDES, True),
+                kt + kk > 0, 1, 1, 0, B_TRANS)
+        T.ptx["wgmma.commit_group.sync.aligned"]()
+        pin(acc, NTL * 4, "float")
+        T.ptx["wgmma.wait_group.sync.aligned"](1)
+
+    @T.macro
     def gemm_wgmma(smem, cta, _bn, _bz, tx, _maps):
         """Output tiles cta, cta + CTAS, ... of 64 x BN per warpgroup, wgmma from a ring of ``S`` stages that runs on
         across the tiles: k-step g is issued while g - 1 may still run (one commit group in flight), so the copies
@@ -706,17 +723,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                 # steps past the end are zero-filled
                 load_step(smem, g + S - 2, n_tiles * KT, cta, tx)
                 T.ptx.cp.async_.commit_group()
-                pin(acc, NTL * 4, "float")
-                T.ptx["wgmma.fence.sync.aligned"]()
-                for kk in T.unroll(BK // 16):
-                    T.ptx[WGMMA](
-                        *[acc[i] for i in range(NTL * 4)],
-                        wgmma_desc(sbase[0], g % S * A_STAGE + swizzled(warp // 4 * 64, kk * 16), 16, 1024, True),
-                        wgmma_desc(sbase[0], B_OFF + g % S * B_STAGE + b_kstep(kk), *B_STRIDES, True),
-                        kt + kk > 0, 1, 1, 0, B_TRANS)  # (a tile's first product overwrites: no zeroed registers read)
-                T.ptx["wgmma.commit_group.sync.aligned"]()
-                pin(acc, NTL * 4, "float")
-                T.ptx["wgmma.wait_group.sync.aligned"](1)
+                wgmma_ktile(acc, sbase, g % S, kt, warp)
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             pin(acc, NTL * 4, "float")
             bz, m0, n0 = T.meta_var(tile_origin(cta + i * CTAS))
@@ -738,6 +745,13 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
 
     def mbar(sbase, i):  # shared-window address of mbarrier i
         return sbase[0] + T.Cast("uint32", MBAR_BYTES + i * 8)
+
+    @T.macro
+    def bar_wait(done, sbase, i, parity):
+        """Until mbarrier i has completed the phase of ``parity``."""
+        done[0] = T.uint32(0)
+        while done[0] == T.uint32(0):
+            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], mbar(sbase, i), T.Cast("uint32", parity))
 
     @T.macro
     def tma_copy(sbase, tmap, off, col, row, bz, bar):
@@ -772,10 +786,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             if tx == NC:
                 for kt in T.serial(KT):
                     if kt >= S:  # the stage's previous k-tile (kt - S) released by every computing warp
-                        done[0] = T.uint32(0)
-                        while done[0] == T.uint32(0):
-                            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
-                                done[0], mbar(sbase, EMPTY + kt % S), T.Cast("uint32", 1 - kt // S % 2))
+                        bar_wait(done, sbase, EMPTY + kt % S, 1 - kt // S % 2)
                     T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
                         mbar(sbase, FULL + kt % S), T.uint32((A_STAGE + B_STAGE) * IN_BYTES))
                     tma_copy(sbase, maps[0], kt % S * A_STAGE, kt * BK, m0, a_bz, mbar(sbase, FULL + kt % S))
@@ -792,21 +803,8 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             if MOVE_REGS:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
             for kt in T.serial(KT):
-                done[0] = T.uint32(0)
-                while done[0] == T.uint32(0):
-                    T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
-                        done[0], mbar(sbase, FULL + kt % S), T.Cast("uint32", kt // S % 2))
-                pin(acc, NTL * 4, "float")
-                T.ptx["wgmma.fence.sync.aligned"]()
-                for kk in T.unroll(BK // 16):
-                    T.ptx[WGMMA](
-                        *[acc[i] for i in range(NTL * 4)],
-                        wgmma_desc(sbase[0], kt % S * A_STAGE + swizzled(warp // 4 * 64, kk * 16), 16, 1024, True),
-                        wgmma_desc(sbase[0], B_OFF + kt % S * B_STAGE + b_kstep(kk), *B_STRIDES, True),
-                        kt + kk > 0, 1, 1, 0, B_TRANS)
-                T.ptx["wgmma.commit_group.sync.aligned"]()
-                pin(acc, NTL * 4, "float")
-                T.ptx["wgmma.wait_group.sync.aligned"](1)  # k-tile kt - 1's group is done: its stage is free
+                bar_wait(done, sbase, FULL + kt % S, kt // S % 2)
+                wgmma_ktile(acc, sbase, kt % S, kt, warp)  # (k-tile kt - 1's group is done: its stage is free)
                 if T.And(kt > 0, tx % 32 == 0):
                     T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + (kt + S - 1) % S))
             T.ptx["wgmma.wait_group.sync.aligned"](0)
