@@ -52,15 +52,10 @@ def _sigmoid(x):
     return te.compute(x.shape, lambda *i: _sigmoid_value(x(*i)), name="sigmoid", tag="elemwise")
 
 
-def _silu(x):
-    return te.compute(x.shape, lambda *i: x(*i) * _sigmoid_value(x(*i)), name="silu", tag="elemwise")
-
-
 FAST_MATH: dict[str, Callable] = {
     "relax.erf": _on_cpu_only(topi.fast_erf),
     "relax.tanh": _on_cpu_only(topi.fast_tanh),
     "relax.nn.gelu": _on_cpu_only(_gelu),
     "relax.nn.gelu_tanh": _on_cpu_only(_gelu_tanh),
     "relax.sigmoid": _on_cpu_only(_sigmoid, ("float32",)),
-    "relax.nn.silu": _on_cpu_only(_silu, ("float32",)),
 }
