@@ -77,8 +77,8 @@ from tvm.script import tirx as T
 
 from . import attention_cuda_decode
 from .attention import by_query_rows, causal_offset, kernel_signature
-from .common import (LOG2E, SMEM_BYTES, TC_DTYPES, ex2, has_wgmma, mma_ops, pin, row_copier, sm_count, sm_version,
-                     warp_shuffle_xor, wgmma_desc)
+from .common import (LOG2E, SMEM_BYTES, TC_DTYPES, ex2, has_wgmma, mbarrier_wait, mma_ops, pin, register_split,
+                     row_copier, sm_count, sm_version, warp_shuffle_xor, wgmma_desc)
 
 TC_HEAD_DIMS = (32, 64, 96, 128)
 
@@ -357,12 +357,7 @@ def mma_body(spec, cfg: TileConfig):
     FULL, EMPTY, Q_FULL, Q_EMPTY = 0, stages, 2 * stages, 2 * stages + QB
     SMEM_ALLOC = SMEM + 4 * (2 * stages + 2 * QB) * WS
     min_blocks = 1 if WS else cfg.min_blocks
-    # setmaxnreg moves registers between the warps of a CTA: what the producer gives up (down to 24 per thread),
-    # the computing warpgroups take (up to 240; FA3's split). The CTA starts with EVEN_REGS per thread (ptxas's most
-    # under __launch_bounds__(NT, 1)), and no warp can take more than the others have given (it would wait forever).
-    EVEN_REGS = 65536 // NT // 8 * 8
-    CONSUMER_REGS = min(240, (EVEN_REGS * (NW + 1) - 24) // max(NW, 1) // 8 * 8)
-    PRODUCER_REGS = EVEN_REGS * (NW + 1) - NW * CONSUMER_REGS
+    EVEN_REGS, CONSUMER_REGS, PRODUCER_REGS = register_split(NT, NW)  # (setmaxnreg)
     KS, NS, ND = D // 16, BN // 8, D // 8  # k-steps of Q·Kᵀ, n-tiles of S, n-tiles of O
     QF = MT * KS * 8 if cfg.q_in_regs else MT * 8  # Q fragment registers (halves)
     nq = (sq + BM - 1) // BM
@@ -593,9 +588,7 @@ def mma_body(spec, cfg: TileConfig):
         @T.inline
         def bar_wait(i, phase):
             """Wait until mbarrier i has completed the phase of parity ``phase``."""
-            done[0] = T.uint32(0)
-            while done[0] == T.uint32(0):
-                T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], mbar(sbase, i), T.Cast("uint32", phase))
+            mbarrier_wait(done, mbar(sbase, i), phase)
 
         @T.inline
         def tma(tmap, off, rows, row0, head, i):

@@ -172,6 +172,26 @@ def wgmma_desc(sbase, off, lbo: int, sbo: int, swizzle: bool):
     return addr | T.uint64((lbo >> 4) << 16 | (sbo >> 4) << 32 | (1 << 62 if swizzle else 0))
 
 
+def register_split(threads: int, computing_warpgroups: int) -> tuple[int, int, int]:
+    """Registers a thread (the CTA's even share, a computing warp's, the producer's) for ``setmaxnreg`` in a
+    warp-specialised CTA of ``threads``: it starts with the even share (ptxas's most under __launch_bounds__(threads,
+    1)); the producer warpgroup gives its registers up (down to 24 a thread), the computing warpgroups take them (up to
+    240; FA3's split), and no warp can take more than the others have given (it would wait forever)."""
+    even = 65536 // threads // 8 * 8
+    computing = (even * (computing_warpgroups + 1) - 24) // max(computing_warpgroups, 1) // 8 * 8
+    consumer = min(240, computing)
+    return even, consumer, even * (computing_warpgroups + 1) - computing_warpgroups * consumer
+
+
+@T.macro
+def mbarrier_wait(done, addr, parity):
+    """Spin until the mbarrier at shared-window address ``addr`` has completed the phase of ``parity`` (``done``: a
+    one-element local flag)."""
+    done[0] = T.uint32(0)
+    while done[0] == T.uint32(0):
+        T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], addr, T.Cast("uint32", parity))
+
+
 # A register pin: an empty asm that claims to rewrite the register, so the compiler keeps every use of it after
 # the wgmma wait that precedes the pin (TVM's wgmma_noop_barrier takes its operand by value, pinning a copy).
 # Uses hoisted above the wait make ptxas serialise all wgmma of the kernel (CUTLASS's warpgroup_fence_operand).

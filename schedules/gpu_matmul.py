@@ -46,7 +46,8 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 from tvm.target import Target
 
-from .common import SMEM_BYTES, elem_bytes, has_wgmma, pin, sm_count, sm_version, substitute, uses, wgmma_desc
+from .common import (SMEM_BYTES, elem_bytes, has_wgmma, mbarrier_wait, pin, register_split, sm_count, sm_version,
+                     substitute, uses, wgmma_desc)
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 _ANALYZER = Analyzer()
@@ -733,25 +734,15 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
                 store_tile(acc, bz, m0, n0, warp, 0, tx % 32)
         T.ptx.cp.async_.wait_group(0)
 
-    # setmaxnreg (TMA): the producer warpgroup gives its registers to the computing ones (down to 24 a thread, they
-    # up to 240), from the even share ptxas allots under __launch_bounds__(NT, 1); they give them back for the epilogue.
-    # (One computing warpgroup has 255 a thread without it.)
+    # setmaxnreg (TMA): the producer warpgroup gives its registers to the computing ones, which give them back for the
+    # epilogue (one computing warpgroup has 255 a thread without it)
     NW = max(1, NC // 128)  # computing warpgroups
     MOVE_REGS = NW > 1
-    EVEN_REGS = 65536 // NT // 8 * 8
-    CONSUMER_REGS = min(240, (EVEN_REGS * (NW + 1) - 24) // NW // 8 * 8)
-    PRODUCER_REGS = EVEN_REGS * (NW + 1) - NW * CONSUMER_REGS
+    EVEN_REGS, CONSUMER_REGS, PRODUCER_REGS = register_split(NT, NW)
     CW = NC // 32  # computing warps: each releases a stage once its wgmma have read it
 
     def mbar(sbase, i):  # shared-window address of mbarrier i
         return sbase[0] + T.Cast("uint32", MBAR_BYTES + i * 8)
-
-    @T.macro
-    def bar_wait(done, sbase, i, parity):
-        """Until mbarrier i has completed the phase of ``parity``."""
-        done[0] = T.uint32(0)
-        while done[0] == T.uint32(0):
-            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], mbar(sbase, i), T.Cast("uint32", parity))
 
     @T.macro
     def tma_copy(sbase, tmap, off, col, row, bz, bar):
@@ -786,7 +777,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             if tx == NC:
                 for kt in T.serial(KT):
                     if kt >= S:  # the stage's previous k-tile (kt - S) released by every computing warp
-                        bar_wait(done, sbase, EMPTY + kt % S, 1 - kt // S % 2)
+                        mbarrier_wait(done, mbar(sbase, EMPTY + kt % S), 1 - kt // S % 2)
                     T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
                         mbar(sbase, FULL + kt % S), T.uint32((A_STAGE + B_STAGE) * IN_BYTES))
                     tma_copy(sbase, maps[0], kt % S * A_STAGE, kt * BK, m0, a_bz, mbar(sbase, FULL + kt % S))
@@ -803,7 +794,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
             if MOVE_REGS:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
             for kt in T.serial(KT):
-                bar_wait(done, sbase, FULL + kt % S, kt // S % 2)
+                mbarrier_wait(done, mbar(sbase, FULL + kt % S), kt // S % 2)
                 wgmma_ktile(acc, sbase, kt % S, kt, warp)  # (k-tile kt - 1's group is done: its stage is free)
                 if T.And(kt > 0, tx % 32 == 0):
                     T.ptx["mbarrier.arrive.shared::cta.b64"](mbar(sbase, EMPTY + (kt + S - 1) % S))
