@@ -123,6 +123,19 @@ _PIPE_METRIC = re.compile(rf"^sm__(inst_executed_pipe|pipe_[a-z0-9_]+_cycles_act
 _PIPES = f"regex:{_PIPE_METRIC.pattern}"  # (the same pattern, as ncu's --metrics takes it)
 
 
+def torchvision_onnx(name: str, path: Path, side: int = 224) -> Path:
+    """torchvision's ``name`` with seeded random weights, exported (dynamo) for a batch of one ``side`` x ``side``
+    image (input "x", output "y"), for A/Bs on models beyond the zoo (``models.py`` caches the zoo's own)."""
+    import torch
+    import torchvision
+
+    if not path.is_file():
+        torch.manual_seed(0)
+        net = getattr(torchvision.models, name)(weights=None).eval()
+        torch.onnx.export(net, (torch.randn(1, 3, side, side),), path, input_names=["x"], output_names=["y"], dynamo=True)
+    return path
+
+
 def gpu_slug() -> str:
     """The current CUDA device's name as a results-file slug ("NVIDIA H200" -> "h200")."""
     import torch

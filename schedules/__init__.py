@@ -17,7 +17,7 @@ from .cpu_depthwise import CpuDepthwise
 from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul, legalize_matmul
-from .cpu_row_reduction import CpuRowReduction
+from .cpu_row_reduction import CpuRowReduction, legalize_trailing_reduction
 from .gpu_depthwise import GpuDepthwise
 from .gpu_elementwise import GpuElementwise
 from .gpu_matmul import GpuMatmul
@@ -62,5 +62,7 @@ LEGALIZE: dict = {
     "relax.nn.attention_bias": attention.legalize,
     "relax.nn.conv2d": first_applicable(cpu_conv2d.legalize_conv2d, gpu_conv2d.legalize_conv2d),
     "relax.matmul": first_applicable(legalize_matmul),
+    "relax.mean": first_applicable(legalize_trailing_reduction),
+    "relax.sum": first_applicable(legalize_trailing_reduction),
     **FAST_MATH,
 }

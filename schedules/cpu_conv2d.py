@@ -6,13 +6,17 @@ constant, is transposed to ``[KH, KW, IC, OC]`` by the legalisation (FoldConstan
 time), so that output channels are contiguous. The kernel then is the GEMM micro-kernel of
 ``cpu_matmul`` with the reduction over (IC, KH, KW): a tile of ``MR`` output columns x ``NJ`` vectors of
 output channels stays in registers; each step broadcasts MR input pixels and loads NJ weight vectors.
-Fused epilogues (bias, ReLU, residual add) run on each tile before it leaves the registers.
+Fused epilogues (bias, ReLU, residual add) run on each tile before it leaves the registers. An epilogue that
+broadcasts the conv's output over a larger tensor (a squeeze-and-excitation gate: a 1x1 conv over one pixel per
+channel, its sigmoid multiplying the whole feature map) cannot: the epilogue up to the broadcast stays on the tile,
+the broadcast and what follows it run after the conv as one parallel vector loop (``cpu_elementwise``'s).
 """
 
 from __future__ import annotations
 
 from tvm import relax, s_tir, te, tirx, topi
 from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
@@ -25,6 +29,7 @@ from .common import (
     register_tile,
     vector_shape,
 )
+from .cpu_elementwise import parallel_vectors
 from .cpu_matmul import panels
 
 BLOCK = "conv2d_nchw_hwio"
@@ -97,6 +102,21 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | No
     return bb.call_te(_conv2d_nchw_hwio, call.args[0], weight, *args, primfunc_name_hint="conv2d")
 
 
+def _epilogue_into(sch: s_tir.Schedule, acc: s_tir.SBlockRV) -> None:
+    """The elementwise epilogue of the conv's output shape inlined into the tile's store, up to a consumer that
+    broadcasts it (which stays a block: the tail). Consumers are inlined into the store one by one first (DLight's
+    ``auto_inline_consumers`` would inline them forward, into the broadcast, recomputing them per element)."""
+    shape = list(sch.get(acc).writes[0].source.shape)
+    same = lambda block: list(sch.get(block).writes[0].source.shape) == shape  # noqa: E731
+    while len(consumers := sch.get_consumers(acc)) == 1 and same(consumers[0]):
+        try:  # (TVM 0.27's reverse_compute_inline of a broadcast fails with an internal error: not tried)
+            sch.reverse_compute_inline(consumers[0])
+        except s_tir.ScheduleError:
+            break
+    if all(same(block) for block in sch.get_consumers(acc)):
+        auto_inline_consumer_chain(sch, acc)  # the rest of the epilogue (asserts that nothing is left)
+
+
 class CpuConv2d(ScheduleRule):
     """The kernels ``legalize_conv2d`` produced (with their fused epilogues), on LLVM CPUs."""
 
@@ -127,7 +147,14 @@ class CpuConv2d(ScheduleRule):
         # channels innermost in the register tile, so that each accumulator is one contiguous vector
         sch.transform_layout(conv, ("write", 0), lambda b, o, y, x: (b, y, x, o))
         sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
-        auto_inline_consumer_chain(sch, acc)
+        _epilogue_into(sch, acc)
+        blocks = sch.get_child_blocks(get_root_block(sch))
+        tail = blocks[[sch.get(b).same_as(sch.get(acc)) for b in blocks].index(True) + 1:]
+        if tail:  # a broadcast of the conv's output (see the module docstring), inlined into its kernel's output
+            for block in tail[:-1]:
+                sch.compute_inline(block)
+            if not parallel_vectors(sch, tail[-1], vector_shape(target, "float32")[0], vectorize=True):
+                return None
         sch.vectorize(sch.get_loops(acc)[-1])  # the tile's store (with the epilogue) along contiguous columns
         sch.unroll(ow1)
         sch.unroll(oc1)

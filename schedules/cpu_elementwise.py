@@ -57,7 +57,7 @@ class CpuElementwise(ScheduleRule):
         cores = int(target.attrs.get("num-cores", 1))
         for block in outputs:
             if not (_partition(sch, block, widest, vectorize, cores) if if_then_else_conditions(sch.get(block).body)
-                    else _parallel_vectors(sch, block, widest, vectorize)):
+                    else parallel_vectors(sch, block, widest, vectorize)):
                 return None
         return sch
 
@@ -95,14 +95,22 @@ def static_size(sch: s_tir.Schedule, block) -> int | None:
     return math.prod(int(e) for e in extents)
 
 
-def _parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) -> bool:
-    """One loop over the block's elements, split into vectors (the widest that divides the count, so no
-    tail) spread over the cores; False if its extents are not static or it has no elements."""
+def parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) -> bool:
+    """The block's elements in vectors spread over the cores; False if its extents are not static or it has no
+    elements. Where the widest vector divides the last axis, one loop over all elements split into such vectors;
+    else a loop over rows (all axes but the last) and each row in vectors of the widest width that divides it, or
+    one by one. A vector that crossed rows (16 lanes over rows of 28) was read and written element by element (TVM's
+    lowering does not simplify the flattened index it vectorises), each element's index divided by every extent."""
     loops = sch.get_loops(block)
     size = static_size(sch, block)
     if not loops or not size:
         return False
-    outer, inner = sch.split(sch.fuse(*loops), [None, largest_divisor(size, (widest, 8, 4, 2, 1))])
+    last = int(sch.get(loops[-1]).extent)
+    if last % widest == 0 or len(loops) == 1:
+        outer, inner = sch.split(sch.fuse(*loops), [None, largest_divisor(size, (widest, 8, 4, 2, 1))])
+    else:
+        outer = sch.fuse(*loops[:-1])
+        inner = sch.split(loops[-1], [None, largest_divisor(last, (widest, 8, 4, 2, 1))])[1]
     if size >= PARALLEL_MIN:
         sch.parallel(outer)
     if vectorize:
@@ -138,7 +146,7 @@ def _partition(sch: s_tir.Schedule, block, widest: int, vectorize: bool, cores: 
         if inside := sorted(p for p in points if 0 < p < extent):
             cut.append((loop, inside))
     if not cut:  # the selects are constant over the loops
-        return _decided(sch, block) and _parallel_vectors(sch, block, widest, vectorize)
+        return _decided(sch, block) and parallel_vectors(sch, block, widest, vectorize)
     position = lambda lp: next(i for i, x in enumerate(sch.get_loops(block)) if sch.get(x).same_as(sch.get(lp)))  # noqa: E731
     cut.sort(key=lambda c: position(c[0]))
     # The vectors are split off before partitioning: a part's loop starts at its seam, and TVM fuses and splits

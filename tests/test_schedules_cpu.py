@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 
 import numpy as np
@@ -301,6 +302,71 @@ def test_rms_norm(capsys, tmp_path, rng, rows):
     ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * g
     assert rel_err(ours["y"], ref) < 1e-5
     assert "hand:CpuRowReduction" in _kernels(tmp_path).values() and "default" not in _kernels(tmp_path).values()
+
+
+# MobileNetV3's gate (HardSigmoid) over an odd channel count and a plane of 9 vectors; EfficientNet's (Sigmoid, after a
+# SiLU) over 7 x 7 (49 pixels: no vector divides them, the pool keeps TVM's lowering, the gate's loop runs along rows of 7)
+@pytest.mark.parametrize("c, hw, gate, pool", [(37, 12, "HardSigmoid", "hand:CpuRowReduction"), (20, 7, "Sigmoid", "default")])
+def test_squeeze_and_excitation_block(capsys, tmp_path, rng, c, hw, gate, pool):
+    """A squeeze-and-excitation block: global average pool, 1x1 conv + Relu, 1x1 conv + gate, the gate times the
+    feature map. The pool is a vectorised row reduction over the plane; the second conv keeps its kernel, its gate
+    multiplying the map after it as a parallel vector loop (the conv rule once gave up on the broadcast: default)."""
+    r = 8
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"]), helper.make_node("Sigmoid", ["c0"], ["s0"]),
+             helper.make_node("Mul", ["c0", "s0"], ["f"]),  # SiLU, as EfficientNet's
+             helper.make_node("GlobalAveragePool", ["f"], ["p"]), helper.make_node("Conv", ["p", "w1", "b1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["h"]), helper.make_node("Conv", ["h", "w2", "b2"], ["c2"]),
+             helper.make_node(gate, ["c2"], ["g"]), helper.make_node("Mul", ["f", "g"], ["y"])]
+    inits = {"w0": rng.standard_normal((c, 5, 1, 1)).astype(np.float32), "w1": rng.standard_normal((r, c, 1, 1)).astype(np.float32),
+             "b1": rng.standard_normal(r).astype(np.float32), "w2": rng.standard_normal((c, r, 1, 1)).astype(np.float32),
+             "b2": rng.standard_normal(c).astype(np.float32)}
+    model = make_model(nodes, [("x", F, [1, 5, hw, hw])], [("y", F, [1, c, hw, hw])], inits)
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": rng.standard_normal((1, 5, hw, hw)).astype(np.float32)})
+    assert rel_err(ours["y"], ref["y"]) < 1e-5
+    kernels = _kernels(tmp_path)
+    assert [v for k, v in kernels.items() if k.startswith("mean")] == [pool]
+    assert [v for k, v in kernels.items() if "conv2d" in k] == ["hand:CpuConv2d"] * 3, kernels
+
+
+@pytest.mark.parametrize("op, shape, axes, keepdims", [("ReduceMean", (2, 13, 6, 8), [2, 3], 0), ("ReduceSum", (3, 4, 5, 16), [-3, -2, -1], 1),
+                                                        ("ReduceMean", (6, 7, 9), [1, 2], 1)])
+def test_reduction_over_trailing_axes(capsys, tmp_path, rng, op, shape, axes, keepdims):
+    """A mean or sum over several trailing axes is one row reduction over them (their elements are contiguous), against
+    float64; 63 elements a row (no vector divides them) keep TVM's lowering of that form."""
+    out = [d for i, d in enumerate(shape) if i not in [a % len(shape) for a in axes]] if not keepdims else \
+        [1 if i in [a % len(shape) for a in axes] else d for i, d in enumerate(shape)]
+    model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)], [("x", F, list(shape))],
+                       [("y", F, out)], {"axes": np.array(axes, np.int64)}, opset=18)
+    x = (rng.standard_normal(shape) + 3).astype(np.float32)
+    ours, _ = compile_and_compare(capsys, tmp_path, model, {"x": x})
+    reduce = np.mean if op == "ReduceMean" else np.sum
+    np.testing.assert_allclose(ours["y"], reduce(x.astype(np.float64), axis=tuple(axes), keepdims=bool(keepdims)), rtol=1e-5)
+    rows = shape[-1] * shape[-2] * (shape[-3] if len(axes) == 3 else 1)
+    assert list(_kernels(tmp_path).values()) == ["hand:CpuRowReduction" if rows % 4 == 0 else "default"]
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 6, 28), (2, 3, 5, 7), (3, 40), (2, 6, 32)])
+def test_elementwise_vectors_stay_within_rows(capsys, tmp_path, rng, shape):
+    """(x + z) * g, g broadcast along rows (a gate): each row's vectors are the widest that divide it, loaded and stored
+    whole (vectors across rows of 28 were read element by element: TVM does not simplify the flattened index it
+    vectorises; 11x slower); rows of 7 one element at a time, in a loop per row."""
+    from compiler import targets
+    from schedules.common import largest_divisor, vector_shape
+
+    gate = [*shape[:-1], 1]
+    nodes = [helper.make_node("Add", ["x", "z"], ["s"]), helper.make_node("Mul", ["s", "g"], ["y"])]
+    model = make_model(nodes, [("x", F, list(shape)), ("z", F, list(shape)), ("g", F, gate)], [("y", F, list(shape))])
+    inputs = {"x": rng.standard_normal(shape).astype(np.float32), "z": rng.standard_normal(shape).astype(np.float32),
+              "g": rng.standard_normal(gate).astype(np.float32)}
+    ours, ref = compile_and_compare(capsys, tmp_path, model, inputs)
+    np.testing.assert_allclose(ours["y"], ref["y"], rtol=1e-6)
+    assert list(_kernels(tmp_path).values()) == ["hand:CpuElementwise"]
+    target = targets.resolve("cpu").target
+    lanes = largest_divisor(shape[-1], (vector_shape(target, "float32")[0], 8, 4, 2, 1))
+    func = _hand_kernel(tmp_path, model, "CpuElementwise").with_attr("global_symbol", "main")
+    ll = tvm.compile(tvm.IRModule({"main": func}), target).mod.inspect_source("ll")
+    if lanes > 1:  # x and z in vectors; g one scalar a row (at most)
+        assert f"load <{lanes} x float>" in ll and ll.count("load float, ptr") <= math.prod(shape[:-1]), ll[-3000:]
 
 
 def test_split_outputs_each_get_a_vector_loop(capsys, tmp_path, rng):

@@ -16,6 +16,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(REPO))
+from benchmarks.common import torchvision_onnx  # noqa: E402
+
 LAYERS = [(48, 56, 2, 8), (104, 28, 1, 8), (208, 14, 1, 8), (440, 7, 1, 8), (128, 56, 1, 4)]  # channels, side, stride, width
 MODELS = ["regnet_y_400mf", "efficientnet_b0", "resnext50_32x4d"]
 
@@ -33,22 +36,12 @@ def layer(c: int, hw: int, stride: int, width: int, path: Path) -> Path:
     return path
 
 
-def model(name: str, path: Path) -> Path:
-    import torch
-    import torchvision
-
-    torch.manual_seed(0)
-    net = getattr(torchvision.models, name)(weights=None).eval()
-    torch.onnx.export(net, (torch.randn(1, 3, 224, 224),), path, input_names=["x"], output_names=["y"], dynamo=True)
-    return path
-
-
 def main(old: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/cpu-grouped-conv")
     work.mkdir(exist_ok=True)
     layers = [layer(*spec, work / f"group_conv_{'_'.join(map(str, spec))}.onnx") for spec in LAYERS]
-    models = [model(name, work / f"{name}.onnx") for name in MODELS]
+    models = [torchvision_onnx(name, work / f"{name}.onnx") for name in MODELS]
     for what, files in (("layers", layers), ("models", models)):
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "cpu_ab.py"), str(old), str(out / f"cpu-ab-{what}.json"),
                         *map(str, files)], check=True)
