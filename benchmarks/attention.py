@@ -116,6 +116,9 @@ class Case:
                 other.append(replace(chosen, carry=not chosen.carry))
         if self.causal and chosen.lpt_heads:  # smaller L2 sections of the causal launch order (``lpt_heads``)
             other += [replace(chosen, lpt_heads=max(1, chosen.lpt_heads >> s)) for s in (1, 2, 3, 4)]
+        # O leaves through TMA only from the persistent kernel with its last key tile peeled, and from the rule's
+        # tile height: the variants that change either store it from the registers
+        other = [c if c.persistent and c.peel and c.warps == chosen.warps else replace(c, tma_store=False) for c in other]
         return [c for c in other if c != chosen]
 
 
