@@ -97,20 +97,25 @@ def static_size(sch: s_tir.Schedule, block) -> int | None:
 
 def parallel_vectors(sch: s_tir.Schedule, block, widest: int, vectorize: bool) -> bool:
     """The block's elements in vectors spread over the cores; False if its extents are not static or it has no
-    elements. Where the widest vector divides the last axis, one loop over all elements split into such vectors;
-    else a loop over rows (all axes but the last) and each row in vectors of the widest width that divides it, or
-    one by one. A vector that crossed rows (16 lanes over rows of 28) was read and written element by element (TVM's
+    elements. Where the widest vector divides the last axis (unit axes aside), one loop over all elements split into
+    such vectors; else a loop over rows (the axes before it) and each row in vectors of the widest width that divides
+    it, or one by one. A vector that crossed rows (16 lanes over rows of 28) was read and written element by element (TVM's
     lowering does not simplify the flattened index it vectorises), each element's index divided by every extent."""
     loops = sch.get_loops(block)
     size = static_size(sch, block)
     if not loops or not size:
         return False
-    last = int(sch.get(loops[-1]).extent)
-    if last % widest == 0 or len(loops) == 1:
+    axes = len(loops)
+    while axes > 1 and int(sch.get(loops[axes - 1]).extent) == 1:  # trailing unit axes: the row is the axis before
+        axes -= 1
+    last = int(sch.get(loops[axes - 1]).extent)
+    if last % widest == 0 or axes == 1:
         outer, inner = sch.split(sch.fuse(*loops), [None, largest_divisor(size, (widest, 8, 4, 2, 1))])
     else:
-        outer = sch.fuse(*loops[:-1])
-        inner = sch.split(loops[-1], [None, largest_divisor(last, (widest, 8, 4, 2, 1))])[1]
+        outer = sch.fuse(*loops[: axes - 1])
+        inner = sch.split(loops[axes - 1], [None, largest_divisor(last, (widest, 8, 4, 2, 1))])[1]
+        if axes < len(loops):
+            inner = sch.fuse(inner, *loops[axes:])
     if size >= PARALLEL_MIN:
         sch.parallel(outer)
     if vectorize:
