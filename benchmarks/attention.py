@@ -73,6 +73,18 @@ class Case:
         b, h, q, kv = self.batch, self.heads, self.seq_q, self.seq_kv
         return {None: None, "padding": (b, 1, 1, kv), "mask": (1, h, q, kv), "masked-rows": (b, h, q, kv)}[self.bias]
 
+    def canonical(self):
+        """The canonical attention PrimFunc of this case's shapes (what the legalisation hands the rule)."""
+        from tvm import te
+
+        from schedules.attention import canonical_attention
+
+        shapes = {"q": (self.batch, self.seq_q, self.heads, self.head_dim),
+                  "k": (self.batch, self.seq_kv, self.kv_heads, self.head_dim),
+                  "v": (self.batch, self.seq_kv, self.kv_heads, self.head_dim), "bias": self.bias_shape}
+        args = [te.placeholder(shape, self.dtype, name) if shape else None for name, shape in shapes.items()]
+        return canonical_attention(*args, 1 / math.sqrt(self.head_dim), self.causal or "none")
+
     @property
     def flops(self) -> float:
         full = 4 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
@@ -149,21 +161,16 @@ def build(cases: list[Case] = CASES, lib: Path = LIB, variants: bool = True) -> 
     """Schedule each case's canonical attention function with our rule (and, with ``variants``, its other tile
     configurations); compile all into one library ``lib``, its kernel names in ``kernels.json`` beside it."""
     import tvm
-    from tvm import te
 
     from compiler import targets
     from compiler.build import Built
-    from schedules.attention import Attention, AttentionSpec, canonical_attention
+    from schedules.attention import Attention, AttentionSpec
     from schedules.attention_cuda import flash_mma, flash_simt
 
     info = targets.resolve("cuda-sm90")
     funcs = {}
     for case in cases:
-        shapes = {"q": (case.batch, case.seq_q, case.heads, case.head_dim),
-                  "k": (case.batch, case.seq_kv, case.kv_heads, case.head_dim),
-                  "v": (case.batch, case.seq_kv, case.kv_heads, case.head_dim), "bias": case.bias_shape}
-        args = {n: te.placeholder(s, case.dtype, n) if s else None for n, s in shapes.items()}
-        canonical = canonical_attention(*args.values(), 1 / math.sqrt(case.head_dim), case.causal or "none")
+        canonical = case.canonical()
         with info.target:
             sch = Attention().apply(canonical, info.target, False)
         funcs[case.name] = sch.mod["main"].with_attr("global_symbol", case.name)

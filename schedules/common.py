@@ -96,6 +96,23 @@ def largest_divisor(n: int, candidates: tuple[int, ...]) -> int | None:
     return next((c for c in candidates if n % c == 0), None)
 
 
+def unravel(flat, extents) -> list:
+    """A flat index over ``extents`` (row-major) as one index per axis."""
+    idx = []
+    for e in reversed(extents):
+        idx.insert(0, flat % e)
+        flat = flat // e
+    return idx
+
+
+def ravel(indices, extents):
+    """The flat row-major index of ``indices`` over ``extents`` (``unravel``'s inverse)."""
+    flat = 0
+    for index, extent in zip(indices, extents):
+        flat = flat * extent + index
+    return flat
+
+
 def register_tile(rows: int, vectors: int, regs: int, nj: int | None = None) -> tuple[int, int]:
     """(MR rows, NJ vectors) of the accumulator tile: exact divisors of the extents, MR * NJ <= regs,
     as many accumulators as possible (ties: more vectors, which share each broadcast row value); ``nj``

@@ -22,7 +22,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from .common import compiling_for_cpu, largest_divisor, uses, vector_shape
+from .common import compiling_for_cpu, largest_divisor, ravel, unravel, uses, vector_shape
 
 MIN_COLS = 32  # shorter rows: the vector partial sums and their final add do not pay
 
@@ -48,14 +48,7 @@ def legalize_trailing_reduction(bb: relax.BlockBuilder, call: relax.Call) -> rel
     def reduce(data: te.Tensor) -> te.Tensor:
         k = te.reduce_axis((0, count), "k")
 
-        def element(i: tuple, flat: tirx.PrimExpr) -> tirx.PrimExpr:
-            index = []
-            for extent in reversed(tail[1:]):  # row-major: the last axis varies fastest
-                index.append(flat % extent)
-                flat = flat // extent
-            return data(*i, flat, *reversed(index))
-
-        total = te.compute(lead, lambda *i: te.sum(element(i, k), axis=k), name="sum")
+        total = te.compute(lead, lambda *i: te.sum(data(*i, *unravel(k, tail)), axis=k), name="sum")
         if not mean and not keep:
             return total
         return te.compute(lead + keep, lambda *i: total(*i[: len(lead)]) / count if mean else total(*i[: len(lead)]),
@@ -154,10 +147,7 @@ def _reads_along_last_axis(block: tirx.Block) -> bool:
         index = [r.min for r in region.region]
         if not any(uses(i, k) for i in index):
             continue
-        offset = 0
-        for i, extent in zip(index, region.source.shape):
-            offset = offset * extent + i
-        linear = sym.detect_linear_equation(analyzer.simplify(offset), [k])
+        linear = sym.detect_linear_equation(analyzer.simplify(ravel(index, region.source.shape)), [k])
         if len(linear) != 2 or not analyzer.can_prove_equal(linear[0], 1) or uses(linear[1], k):
             return False
     return True

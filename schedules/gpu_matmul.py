@@ -46,8 +46,8 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 from tvm.target import Target
 
-from .common import (SMEM_BYTES, elem_bytes, has_wgmma, mbarrier_wait, pin, register_split, sm_count, sm_version,
-                     substitute, uses, wgmma_desc)
+from .common import (SMEM_BYTES, elem_bytes, has_wgmma, mbarrier_wait, pin, ravel, register_split, sm_count,
+                     sm_version, substitute, unravel, uses, wgmma_desc)
 
 MMA_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "tf32"}
 _ANALYZER = Analyzer()
@@ -125,15 +125,6 @@ class GemmSpec:
     @property
     def dtype(self) -> str:
         return str(self.a.dtype)
-
-
-def _unravel(flat, extents) -> list:
-    """A flat index over ``extents`` (row-major) as one index per axis."""
-    idx = []
-    for e in reversed(extents):
-        idx.insert(0, flat % e)
-        flat = flat // e
-    return idx
 
 
 def _operand(expr) -> TensorLoad | None:
@@ -243,7 +234,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         return None
 
     def j_at(j) -> list:  # column j as the output axes it flattens: j itself, or a conv's pixel (y, x)
-        return [j] if nj == 1 else _unravel(j, jext)
+        return [j] if nj == 1 else unravel(j, jext)
 
     def indexer(load, second, last):  # second / last: i, k or vjs (the column's axes)
         def at_(bv, p, q):
@@ -297,7 +288,7 @@ def match(func: tirx.PrimFunc) -> GemmSpec | None:
         # B is shared by the batch (a weight): one GEMM of batch x M rows, not a batch of M-row GEMMs, which
         # would stream B once per batch entry (ViT's [197, 1, 768] tokens: 197 GEMMs of one row each)
         def rows(r) -> tuple[list, object]:  # flat row -> (batch indices, row)
-            return _unravel(r // m, batch), r % m
+            return unravel(r // m, batch), r % m
 
         def fold(at):
             return lambda _, r, x: at(*rows(r), x)
@@ -330,14 +321,10 @@ def tma_views(spec: GemmSpec) -> tuple[TmaView, TmaView] | None:
     i, j, k = (tirx.Var(name, "int32") for name in "ijk")
     for var, extent in (*zip(bvars, spec.batch), (i, spec.m), (j, spec.n_out), (k, spec.k)):
         ana.bind(var, Range(0, extent))
-    flat = 0
-    for var, extent in zip(bvars, spec.batch):
-        flat = flat * extent + var
+    flat = ravel(bvars, spec.batch)
 
     def view(buf, indices, row, col, rows, cols) -> TmaView | None:
-        offset = 0
-        for index, extent in zip(indices, buf.shape):
-            offset = offset * int(extent) + index
+        offset = ravel(indices, [int(extent) for extent in buf.shape])
         for batched in (False, True) if spec.batch else (False,):
             if ana.can_prove_equal(offset, (flat * rows * cols if batched else 0) + row * cols + col):
                 return TmaView(rows, cols, batched)
@@ -620,7 +607,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     def store_staged(smem, acc, bz, m0, n0, wm, wn, tx):
         """The epilogue through shared memory (see ``OP``): each value as ``store_tile`` computes it into the staging
         tile, then stored row-wise by consecutive threads."""
-        bv = T.meta_var(_unravel(bz, spec.batch))
+        bv = T.meta_var(unravel(bz, spec.batch))
         lane = T.meta_var(tx % 32)
         stage = T.decl_buffer((BM * OP,), out.dtype, data=smem.data, scope="shared.dyn",
                               elem_offset=STAGE_OFF * IN_BYTES // OUT_BYTES)
@@ -643,7 +630,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
     @T.macro
     def store_tile(acc, bz, m0, n0, wm, wn, lane):
         """The epilogue stored from the accumulators' own layout (``acc_at``)."""
-        bv = T.meta_var(_unravel(bz, spec.batch))
+        bv = T.meta_var(unravel(bz, spec.batch))
         for mt in T.unroll(MT):
             for nt in T.unroll(NTL):
                 for c in T.unroll(4):
@@ -662,7 +649,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
 
     def tile_origin(t):  # (flat batch index, first row, first column) of output tile t
         if not G:
-            bz, bm, bn = _unravel(t, (nbatch, gm, gn))
+            bz, bm, bn = unravel(t, (nbatch, gm, gn))
             return bz, bm * BM, bn * BN
         bz, j = t // (gm * gn), t % (gm * gn)
         if G >= gm:  # column by column
@@ -677,7 +664,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         ``steps`` starts past M and N: zero-filled, nothing read."""
         bz, m0, n0 = T.meta_var(tile_origin(T.min(cta + g // KT * CTAS, TILES - 1)))
         past = T.meta_var(T.Cast("int32", g >= steps))  # (arithmetic: a select here was compiled to branches)
-        load_stage(smem, g % KT, g % S, _unravel(bz, spec.batch), m0 + past * M, n0 + past * N, tx)
+        load_stage(smem, g % KT, g % S, unravel(bz, spec.batch), m0 + past * M, n0 + past * N, tx)
 
     @T.macro
     def wgmma_ktile(acc, sbase, slot, kt, warp):
@@ -815,7 +802,7 @@ def kernel(spec: GemmSpec, cfg: GemmConfig) -> tirx.PrimFunc:
         wn = T.meta_var(warp % cfg.warps_n)
         m0 = T.meta_var(bm * BM)
         n0 = T.meta_var(bn * BN)
-        bv = T.meta_var(_unravel(bz, spec.batch))
+        bv = T.meta_var(unravel(bz, spec.batch))
         for i in T.unroll(MT * NTL * 4):
             acc[i] = T.float32(0)
         mainloop_mma(smem, acc, bv, m0, n0, tx, wm, wn, lane)

@@ -244,18 +244,13 @@ def test_benchmark_tile_variants_store_o_only_where_they_can():
     """The tile configurations ``benchmarks/attention.py`` builds beside the rule's keep O's TMA store only where the
     kernel has it (persistent, the last key tile peeled, the rule's tile height): variants that kept the rule's
     ``tma_store`` while turning persistence or the peel off failed the kernel's assertion and stopped the build."""
-    from tvm import te
-
     from benchmarks.attention import CASES
-    from schedules.attention import AttentionSpec, canonical_attention
+    from schedules.attention import AttentionSpec
     from schedules.attention_cuda import flash_mma
 
     built = 0
     for case in (c for c in CASES if c.bench):
-        shapes = {"q": (case.batch, case.seq_q, case.heads, case.head_dim), "k": (case.batch, case.seq_kv, case.kv_heads, case.head_dim),
-                  "v": (case.batch, case.seq_kv, case.kv_heads, case.head_dim)}
-        args = [te.placeholder(shape, case.dtype, name) for name, shape in shapes.items()]
-        spec = AttentionSpec.of(canonical_attention(*args, None, 1 / math.sqrt(case.head_dim), case.causal or "none"))
+        spec = AttentionSpec.of(case.canonical())
         for cfg in case.variants(spec):
             if cfg.tma_store:
                 flash_mma(spec, cfg)
