@@ -1,6 +1,7 @@
 """A/B of a CPU schedule change: ONNX models compiled for ``cpu`` by this checkout ("new") and another ("old", a
 ``git worktree`` of the commit before), checked against onnxruntime and timed side by side in interleaved rounds
-(new, old, onnxruntime). Run it on the cores it should measure, e.g. one::
+(new, old, onnxruntime on as many threads as the cores this process may run on). Run it on the cores it should
+measure, e.g. one::
 
     git worktree add /tmp/wt-old HEAD~1
     taskset -c 0 .venv/bin/python benchmarks/cpu_ab.py /tmp/wt-old OUT.json build/zoo/resnet50-b1.onnx ...
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def compare(models: dict[str, Path], old_root: Path, out: Path, work: Path, roun
     for name, path in models.items():
         for tag, root in (("new", REPO), ("old", old_root)):
             compile_with(root, path, work / f"{name}-{tag}.tvmpkg")
-        new, old, ort = load(work / f"{name}-new.tvmpkg"), load(work / f"{name}-old.tvmpkg"), OrtSession(str(path), 1)
+        new, old, ort = load(work / f"{name}-new.tvmpkg"), load(work / f"{name}-old.tvmpkg"), OrtSession(str(path), len(os.sched_getaffinity(0)))
         graph = onnx.load(path, load_external_data=False).graph
         x = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in graph.input}

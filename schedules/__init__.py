@@ -17,6 +17,7 @@ from .cpu_depthwise import CpuDepthwise
 from .cpu_elementwise import CpuElementwise
 from .cpu_fast_math import FAST_MATH
 from .cpu_matmul import CpuMatmul, legalize_matmul
+from .cpu_pool import CpuPool
 from .cpu_row_reduction import CpuRowReduction, legalize_trailing_reduction
 from .gpu_depthwise import GpuDepthwise
 from .gpu_elementwise import GpuElementwise
@@ -45,6 +46,7 @@ RULES: list = [
     attention.Attention(),
     CpuConv2d(),
     CpuDepthwise(),
+    CpuPool(),
     GpuDepthwise(),
     GpuMatmul(),
     CpuMatmul(),

@@ -17,7 +17,8 @@ from tvm.tirx.op import tvm_warp_shuffle_xor
 from compiler.targets import DEFAULT_SMS, cuda_arch, default_sms
 
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * LOG2E): the CUDA kernels' exp2 and the CPU's vexp
-ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of 32 (AVX-512) / 16 vector registers, for C tiles
+VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}  # AVX-512 / AVX2 / SSE, NEON
+ACCUMULATOR_REGISTERS = {512: 24, 256: 12, 128: 12}  # of VECTOR_REGISTERS, for C tiles
 # Per-arch fact the CUDA target does not carry: SM count (H100/H200 SXM, A100), where the target file gives none
 # (``sm_count``). The GPU kernels' launch choices were tuned on the H200 (sm_90).
 SMS = {f"sm_{cc}": n for cc, n in DEFAULT_SMS.items()}
@@ -113,11 +114,11 @@ def ravel(indices, extents):
     return flat
 
 
-def register_tile(rows: int, vectors: int, regs: int, nj: int | None = None) -> tuple[int, int]:
-    """(MR rows, NJ vectors) of the accumulator tile: exact divisors of the extents, MR * NJ <= regs,
-    as many accumulators as possible (ties: more vectors, which share each broadcast row value); ``nj``
-    fixes the vectors (a weight stored in panels of that width)."""
-    pairs = [(m, j) for m in range(1, 9) for j in ((nj,) if nj else range(1, 5))
+def register_tile(rows: int, vectors: int, regs: int, nj: int | None = None, max_rows: int = 8) -> tuple[int, int]:
+    """(MR rows, NJ vectors) of the accumulator tile: exact divisors of the extents, MR <= ``max_rows``,
+    MR * NJ <= regs, as many accumulators as possible (ties: more vectors, which share each broadcast row value);
+    ``nj`` fixes the vectors (a weight stored in panels of that width)."""
+    pairs = [(m, j) for m in range(1, max_rows + 1) for j in ((nj,) if nj else range(1, 5))
              if rows % m == 0 and vectors % j == 0 and m * j <= regs]
     return max(pairs, key=lambda p: (p[0] * p[1], p[1]))
 

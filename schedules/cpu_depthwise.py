@@ -18,6 +18,7 @@ from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
 from .common import largest_divisor, vector_shape
+from .cpu_elementwise import if_then_else_conditions
 
 BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 1)
 # grouped convs of up to this many input channels a group (RegNet's 8, ResNeXt's 4-32) take the same schedule, the
@@ -47,16 +48,17 @@ def column_stride(sch: s_tir.Schedule, conv: s_tir.SBlockRV) -> int:
     return int(coeff[0]) if len(coeff) == 2 and isinstance(coeff[0], tirx.IntImm) else 1
 
 
-def deal_into_phases(sch: s_tir.Schedule, pad: s_tir.SBlockRV, stride: int) -> None:
-    """Write the plane's padded copy with its columns dealt into ``stride`` phases (column w at [w % stride,
+def deal_into_phases(sch: s_tir.Schedule, copy: s_tir.SBlockRV, stride: int) -> None:
+    """Write the plane's (padded) copy with its columns dealt into ``stride`` phases (column w at [w % stride,
     w // stride]), so that each tap of a strided conv reads its output vector as one contiguous run of a phase
     instead of gathering every stride-th column (which ran MobileNetV2's stride-2 layers at 0.57-0.69x onnxruntime).
-    The zero border is filled first, then the interior is copied a row at a time, each row read once."""
-    sch.transform_layout(pad, ("write", 0), lambda b, ch, h, w: (b, ch, h, w % stride, w // stride))
-    fill = sch.decompose_padding(pad, sch.get_loops(pad)[-2])
-    col, phase = sch.split(sch.get_loops(fill)[-1], [None, stride])
-    sch.reorder(phase, col)  # zeros stored along each phase's contiguous run
-    sch.unroll(sch.split(sch.get_loops(pad)[-1], [None, stride])[1])  # a row's phases written in one sweep
+    A padded copy's border is filled first, then the interior is copied a row at a time, each row read once."""
+    sch.transform_layout(copy, ("write", 0), lambda b, ch, h, w: (b, ch, h, w % stride, w // stride))
+    if if_then_else_conditions(sch.get(copy).body):  # (padding)
+        fill = sch.decompose_padding(copy, sch.get_loops(copy)[-2])
+        col, phase = sch.split(sch.get_loops(fill)[-1], [None, stride])
+        sch.reorder(phase, col)  # the border stored along each phase's contiguous run
+    sch.unroll(sch.split(sch.get_loops(copy)[-1], [None, stride])[1])  # a row's phases written in one sweep
 
 
 class CpuDepthwise(ScheduleRule):
@@ -67,32 +69,42 @@ class CpuDepthwise(ScheduleRule):
         found = depthwise_conv(sch, GROUP_WIDTH)
         if found is None:
             return None
-        conv, (n, c, oh, ow, rc, ry, rx) = found
-        producers = sch.get_producers(conv)  # the padded input copy, if the conv pads
-        stride = column_stride(sch, conv)
-        # the copy's row must split into whole phases (an odd padded row keeps the strided reads)
-        phased = stride > 1 and bool(producers) and int(sch.get(producers[0]).writes[0].source.shape[-1]) % stride == 0
-        width = int(sch.get(ow).extent)
-        source = sch.get(producers[0] if producers else conv).reads[0].source
-        # each tap reads a contiguous row: stride 1 (a row as wide as the input), or a phase of the copy below
-        whole_row = width <= 32 and (phased or width == int(source.shape[-1]))
-        lanes = width if whole_row else largest_divisor(width, (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
-        ow0, ow1 = sch.split(ow, [None, lanes])
-        sch.reorder(n, c, oh, ow0, rc, ry, rx, ow1)
-        plane = sch.fuse(n, c)
-        sch.parallel(plane)
-        for producer in producers:
-            sch.compute_at(producer, plane)
-        if phased:
-            deal_into_phases(sch, producers[0], stride)
-        acc = sch.cache_write(conv, 0, "local")
-        sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
-        auto_inline_consumer_chain(sch, acc)
-        if whole_row:
-            sch.unroll(ry)
-            sch.unroll(rx)
-        sch.vectorize(ow1)
-        sch.vectorize(sch.get_loops(acc)[-1])
-        init = sch.decompose_reduction(conv, rc)
-        sch.vectorize(sch.get_loops(init)[-1])
+        window_schedule(sch, *found, target)
         return sch
+
+
+def window_schedule(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list, target: Target) -> None:
+    """Schedule a reduction over a window of each channel plane (a depthwise conv, a pooling): ``loops`` are
+    (n, c, oh, ow, *reduced) with the window's (ry, rx) last; planes over the cores, each plane's padded copy made
+    right before it is read, a vector of output columns accumulated in registers with the fused epilogue stored
+    from them (see the module docstring)."""
+    n, c, oh, ow, *reduced = loops
+    producers = sch.get_producers(block)  # the padded input copy, if the window pads
+    stride = column_stride(sch, block)
+    if stride > 1 and not producers and int(sch.get(block).reads[0].source.shape[-1]) % stride == 0:
+        producers = [sch.cache_read(block, 0, "global")]  # a copy to deal into phases all the same
+    # the copy's row must split into whole phases (an odd padded row keeps the strided reads)
+    phased = stride > 1 and bool(producers) and int(sch.get(producers[0]).writes[0].source.shape[-1]) % stride == 0
+    width = int(sch.get(ow).extent)
+    source = sch.get(producers[0] if producers else block).reads[0].source
+    # each tap reads a contiguous row: stride 1 (a row as wide as the input), or a phase of the copy below
+    whole_row = width <= 32 and (phased or width == int(source.shape[-1]))
+    lanes = width if whole_row else largest_divisor(width, (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
+    ow0, ow1 = sch.split(ow, [None, lanes])
+    sch.reorder(n, c, oh, ow0, *reduced, ow1)
+    plane = sch.fuse(n, c)
+    sch.parallel(plane)
+    for producer in producers:
+        sch.compute_at(producer, plane)
+    if phased:
+        deal_into_phases(sch, producers[0], stride)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
+    auto_inline_consumer_chain(sch, acc)
+    if whole_row:
+        for tap in reduced[-2:]:
+            sch.unroll(tap)
+    sch.vectorize(ow1)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    init = sch.decompose_reduction(block, reduced[0])
+    sch.vectorize(sch.get_loops(init)[-1])

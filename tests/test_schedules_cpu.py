@@ -33,9 +33,10 @@ def _hand_kernel(tmp_path, model, rule: str) -> tvm.tirx.PrimFunc:
 
 @pytest.mark.parametrize(
     "ic, oc, hw, k, stride, pad, dilation",
-    # OC of no vector width, HWIO weights; OC of whole weight panels (32 channels), 7x7 output and a strided 1x1
+    # OC of no vector width, HWIO weights; OC of whole weight panels (32 channels), 7x7 output and a strided 1x1; rows of
+    # 28 columns (AVX-512: two 14-column tiles) and a strided 1x1 over 14 columns
     [(3, 16, 17, 3, 2, 1, 1), (8, 24, 9, 1, 1, 0, 1), (5, 40, 11, 3, 1, 2, 2), (4, 7, 6, 5, 1, 2, 1),
-     (6, 64, 7, 3, 1, 1, 1), (16, 32, 10, 1, 2, 0, 1)],
+     (6, 64, 7, 3, 1, 1, 1), (16, 32, 10, 1, 2, 0, 1), (9, 64, 28, 3, 1, 1, 1), (12, 32, 27, 1, 2, 0, 1)],
 )
 def test_conv_bias_relu_residual(capsys, tmp_path, rng, ic, oc, hw, k, stride, pad, dilation):
     """Conv + bias + ReLU + residual add in one kernel; stride, padding, dilation, OC of no vector width."""
@@ -94,6 +95,44 @@ def test_gemm_tile_streams_a_block_of_columns(tmp_path, rng, ic, blocked):
     stores: list[str] = []
     tvm_ffi.structural_walk(block.body, [(tvm.tirx.BufferStore, lambda st: stores.append(st.buffer.name))])
     assert out in stores  # the accumulators are stored inside the block, once per column tile
+
+
+@pytest.mark.parametrize("k, stride, pad, packed", [(3, 1, 1, True), (1, 2, 0, True), (3, 1, 0, True), (1, 1, 0, False)])
+def test_conv_reads_its_input_channels_last(tmp_path, rng, k, stride, pad, packed):
+    """A conv whose input is padded, strided or read by a window reads a channels-last copy of it ([N, H, W, C], made
+    once per call: the padded copy itself where there is one), its reduction runs over (KH, KW, IC) with IC
+    innermost, and on AVX-512 a row of 28 output columns takes two 14-column register tiles; a 1x1 stride-1 conv
+    reads its NCHW input directly."""
+    from compiler import targets
+    from schedules.common import vector_shape
+
+    ic, hw = 24, 30
+    out = (hw + 2 * pad - k) // stride + 1
+    w = rng.standard_normal((64, ic, k, k)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[pad] * 4)],
+                       [("x", F, [1, ic, hw, hw])], [("y", F, [1, 64, out, out])], {"w": w})
+    func = _hand_kernel(tmp_path, model, "CpuConv2d")
+    blocks: list = []
+    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, blocks.append)])
+    (conv,) = [b for b in blocks if b.name_hint == "conv2d_nchw_hwio_update"]
+    data = conv.reads[1].source  # (reads[0]: the accumulator)
+    if packed:
+        assert not any(data.same_as(p) for p in func.params)
+        assert [int(d) for d in data.shape] == [1, hw + 2 * pad, hw + 2 * pad, ic], data.shape
+    else:
+        assert data.same_as(func.params[0])
+    loops: list = []
+    tvm_ffi.structural_walk(func.body, [(tvm.tirx.For, loops.append)])
+    inside = {}  # reduction loop -> the loops nested in it
+    for f in loops:
+        if (name := str(f.loop_var)) in ("ry", "rx", "rc"):
+            nested: list = []
+            tvm_ffi.structural_walk(f.body, [(tvm.tirx.For, lambda g: nested.append(str(g.loop_var)))])
+            inside[name] = set(nested)
+    assert {"rx", "rc"} <= inside["ry"] and "rc" in inside["rx"] and not {"ry", "rx"} & inside["rc"]
+    if out == 28 and vector_shape(targets.resolve("cpu").target, "float32")[0] == 16:
+        columns = {int(f.extent) for f in loops if f.kind == tvm.tirx.ForKind.UNROLLED and str(f.loop_var).startswith("x")}
+        assert columns == {14}  # (the tile's update and its initialisation)
 
 
 def test_conv_epilogue_is_stored_in_vectors(tmp_path, rng):
@@ -203,6 +242,34 @@ def test_depthwise_relu6(capsys, tmp_path, rng, c, hw, stride, pad):
     ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": x})
     assert rel_err(ours["y"], ref["y"]) < 1e-5
     assert "hand:CpuDepthwise" in _kernels(tmp_path).values()
+
+
+# ResNet's 3x3 stride-2 max pool over an odd plane; GoogLeNet's stride-1 one and its stride-2 one rounding up (ceil_mode);
+# DenseNet's 2x2 average over an odd plane; Inception's padded 3x3 average without and with the padding counted; a
+# row wider than 32 (vectors of a divisor); a strided pool without padding (no copy to deal into phases)
+@pytest.mark.parametrize("op, c, hw, k, stride, pad, attrs", [
+    ("MaxPool", 6, 15, 3, 2, 1, {}), ("MaxPool", 5, 14, 3, 1, 1, {}), ("MaxPool", 3, 14, 3, 2, 0, {"ceil_mode": 1}),
+    ("AveragePool", 7, 13, 2, 2, 0, {}), ("AveragePool", 4, 11, 3, 1, 1, {"count_include_pad": 0}),
+    ("AveragePool", 4, 11, 3, 1, 1, {"count_include_pad": 1}), ("MaxPool", 2, 70, 2, 2, 0, {}), ("MaxPool", 3, 17, 3, 2, 0, {})])
+def test_pooling(capsys, tmp_path, rng, op, c, hw, k, stride, pad, attrs):
+    """Max and average pools against onnxruntime, on the pool rule."""
+    nodes = [helper.make_node(op, ["x"], ["y"], kernel_shape=[k, k], strides=[stride] * 2, pads=[pad] * 4, **attrs)]
+    out = -(-(hw + 2 * pad - k) // stride) + 1 if attrs.get("ceil_mode") else (hw + 2 * pad - k) // stride + 1
+    model = make_model(nodes, [("x", F, [2, c, hw, hw])], [("y", F, [2, c, out, out])])
+    ours, ref = compile_and_compare(capsys, tmp_path, model, {"x": rng.standard_normal((2, c, hw, hw)).astype(np.float32)})
+    assert ours["y"].shape == ref["y"].shape and rel_err(ours["y"], ref["y"]) < 1e-6
+    assert "hand:CpuPool" in _kernels(tmp_path).values()
+
+
+def test_strided_pool_reads_phases_of_a_plane_copy(tmp_path):
+    """DenseNet's 2x2 stride-2 average pool pads nothing, yet reads a copy of each plane dealt into two phases, as a
+    padded strided window does: its taps gathering every other column ran 0.86x TVM's scalar default on one core."""
+    model = make_model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                       [("x", F, [1, 8, 20, 20])], [("y", F, [1, 8, 10, 10])])
+    shapes = []
+    tvm_ffi.structural_walk(_hand_kernel(tmp_path, model, "CpuPool").body, [(tvm.s_tir.SBlock, lambda b: shapes.extend(
+        [int(d) for d in buf.shape] for buf in b.alloc_buffers))])
+    assert [1, 8, 20, 2, 10] in shapes
 
 
 # RegNet's groups of 8 channels (stride 2, padded), ResNeXt's of 4, 3 channels a group over an odd plane, a group of
