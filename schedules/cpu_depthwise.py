@@ -3,27 +3,36 @@
 Unscheduled it runs as one scalar thread. There is no channel reduction to block for registers, so the
 schedule is simple: channel planes over the cores, a vector of output columns accumulated in registers over
 the KH x KW window, with the fused epilogue (bias, ReLU6) on the way out. The zero-padded copy of the input
-is built one plane at a time, right before the plane's convolution reads it from cache: a separate padded
-copy of the whole tensor, written to memory and read back, made MobileNetV2's depthwise layers 2x slower
-(1.05 ms against 0.51 ms for its nine layer shapes, kernels alone). Where a stride-1 output row is at most 32
+is built one plane at a time (14 x 14 planes a few at a time: ``COPY_BYTES``), right before the plane's
+convolution reads it from cache: a separate padded copy of the whole tensor, written to memory and read back, made
+MobileNetV2's depthwise layers 2x slower (1.05 ms against 0.51 ms for its nine layer shapes, kernels alone). Where a stride-1 output row is at most 32
 wide, the whole row is one vector and the window is unrolled (14x14 layers: 0.029 -> 0.018 ms). A strided conv's
 copy deals each row's columns into phases, so that its taps read contiguous vectors too (``deal_into_phases``).
 """
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, sym, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
 from tvm.target import Target
 
-from .common import largest_divisor, vector_shape
+from .common import elem_bytes, largest_divisor, vector_shape
 from .cpu_elementwise import if_then_else_conditions
 
 BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 1)
 # grouped convs of up to this many input channels a group (RegNet's 8, ResNeXt's 4-32) take the same schedule, the
 # window's reduction running over the group's channels too
 GROUP_WIDTH = 32
+# Bytes of padded copies made at a time: small planes (14 x 14: 1 KB, 7 x 7) are copied in groups, each before the
+# group's windows read it. Copied and read one at a time, MobileNetV2's 576-channel stride-2 layer over 14 x 14 ran 5x
+# slower, the window's loads presumably waiting on the copy's stores still in flight (no counters on this VM to tell);
+# 28 x 28 planes (3.6 KB) stay one at a time, and so do planes under 1 KB: 7 x 7 planes in groups of 12 ran 0.86x /
+# 0.94x (two cores / one; ``results/rerun/cpu-depthwise-groups/run1-*``).
+COPY_BYTES = 4 * 1024
+GROUPED_PLANE_BYTES = 1024  # the smallest plane copied in groups
 
 
 def depthwise_conv(sch: s_tir.Schedule, group_width: int = 1) -> tuple | None:
@@ -55,7 +64,7 @@ def deal_into_phases(sch: s_tir.Schedule, copy: s_tir.SBlockRV, stride: int) -> 
     A padded copy's border is filled first, then the interior is copied a row at a time, each row read once."""
     sch.transform_layout(copy, ("write", 0), lambda b, ch, h, w: (b, ch, h, w % stride, w // stride))
     if if_then_else_conditions(sch.get(copy).body):  # (padding)
-        fill = sch.decompose_padding(copy, sch.get_loops(copy)[-2])
+        fill = sch.decompose_padding(copy, sch.get_loops(copy)[1])  # (under the planes spread over the cores)
         col, phase = sch.split(sch.get_loops(fill)[-1], [None, stride])
         sch.reorder(phase, col)  # the border stored along each phase's contiguous run
     sch.unroll(sch.split(sch.get_loops(copy)[-1], [None, stride])[1])  # a row's phases written in one sweep
@@ -92,6 +101,14 @@ def window_schedule(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list, tar
     lanes = width if whole_row else largest_divisor(width, (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
     ow0, ow1 = sch.split(ow, [None, lanes])
     sch.reorder(n, c, oh, ow0, *reduced, ow1)
+    copy = sch.get(producers[0]).writes[0].source if producers else None
+    plane_bytes = math.prod(int(d) for d in copy.shape[2:]) * elem_bytes(copy) if copy is not None else 0
+    if plane_bytes >= GROUPED_PLANE_BYTES:  # (see COPY_BYTES) in groups of channels, each group's copies first
+        channels, cores = int(sch.get(c).extent), int(target.attrs.get("num-cores", 1))
+        most = max(1, min(COPY_BYTES // plane_bytes, channels * int(sch.get(n).extent) // (4 * cores)))  # 4 turns a core
+        group = max(d for d in range(1, most + 1) if channels % d == 0)
+        if group > 1:
+            c = sch.split(c, [None, group])[0]
     plane = sch.fuse(n, c)
     sch.parallel(plane)
     for producer in producers:
