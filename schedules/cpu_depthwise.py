@@ -5,9 +5,10 @@ schedule is simple: channel planes over the cores, a vector of output columns ac
 the KH x KW window, with the fused epilogue (bias, ReLU6) on the way out. The zero-padded copy of the input
 is built one plane at a time (14 x 14 planes a few at a time: ``COPY_BYTES``), right before the plane's
 convolution reads it from cache: a separate padded copy of the whole tensor, written to memory and read back, made
-MobileNetV2's depthwise layers 2x slower (1.05 ms against 0.51 ms for its nine layer shapes, kernels alone). Where a stride-1 output row is at most 32
-wide, the whole row is one vector and the window is unrolled (14x14 layers: 0.029 -> 0.018 ms). A strided conv's
-copy deals each row's columns into phases, so that its taps read contiguous vectors too (``deal_into_phases``).
+MobileNetV2's depthwise layers 2x slower (1.05 ms against 0.51 ms for its nine layer shapes, kernels alone). Where a
+stride-1 output row is at most 32 wide, the whole row is one vector and the window is unrolled (14x14 layers: 0.029
+-> 0.018 ms). A strided conv's copy deals each row's columns into phases, so that its taps read contiguous vectors
+too (``deal_into_phases``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ BLOCK = "group_conv2d_nchw"  # TOPI's block name (relax.nn.conv2d with groups > 
 # grouped convs of up to this many input channels a group (RegNet's 8, ResNeXt's 4-32) take the same schedule, the
 # window's reduction running over the group's channels too
 GROUP_WIDTH = 32
-# Bytes of padded copies made at a time: small planes (14 x 14: 1 KB, 7 x 7) are copied in groups, each before the
+# Bytes of padded copies made at a time: planes of 1-2 KB (14 x 14: 1 KB) are copied in groups, each before the
 # group's windows read it. Copied and read one at a time, MobileNetV2's 576-channel stride-2 layer over 14 x 14 ran 5x
 # slower, the window's loads presumably waiting on the copy's stores still in flight (no counters on this VM to tell);
 # 28 x 28 planes (3.6 KB) stay one at a time, and so do planes under 1 KB: 7 x 7 planes in groups of 12 ran 0.86x /
@@ -105,7 +106,8 @@ def window_schedule(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list, tar
     plane_bytes = math.prod(int(d) for d in copy.shape[2:]) * elem_bytes(copy) if copy is not None else 0
     if plane_bytes >= GROUPED_PLANE_BYTES:  # (see COPY_BYTES) in groups of channels, each group's copies first
         channels, cores = int(sch.get(c).extent), int(target.attrs.get("num-cores", 1))
-        most = max(1, min(COPY_BYTES // plane_bytes, channels * int(sch.get(n).extent) // (4 * cores)))  # 4 turns a core
+        turns = channels * int(sch.get(n).extent) // (4 * cores)  # at least 4 groups a core
+        most = max(1, min(COPY_BYTES // plane_bytes, turns))
         group = max(d for d in range(1, most + 1) if channels % d == 0)
         if group > 1:
             c = sch.split(c, [None, group])[0]
