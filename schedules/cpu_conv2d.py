@@ -181,7 +181,7 @@ class CpuConv2d(ScheduleRule):
         if tail:  # a broadcast of the conv's output (see the module docstring), inlined into its kernel's output
             for block in tail[:-1]:
                 sch.compute_inline(block)
-            if not parallel_vectors(sch, tail[-1], vector_shape(target, "float32")[0], vectorize=True):
+            if not parallel_vectors(sch, tail[-1], width, vectorize=True):
                 return None
         sch.vectorize(sch.get_loops(acc)[-1])  # the tile's store (with the epilogue) along contiguous columns
         sch.unroll(ow1)

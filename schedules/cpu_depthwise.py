@@ -93,8 +93,9 @@ def window_schedule(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list, tar
     stride = column_stride(sch, block)
     if stride > 1 and not producers and int(sch.get(block).reads[0].source.shape[-1]) % stride == 0:
         producers = [sch.cache_read(block, 0, "global")]  # a copy to deal into phases all the same
+    copy = sch.get(producers[0]).writes[0].source if producers else None
     # the copy's row must split into whole phases (an odd padded row keeps the strided reads)
-    phased = stride > 1 and bool(producers) and int(sch.get(producers[0]).writes[0].source.shape[-1]) % stride == 0
+    phased = stride > 1 and copy is not None and int(copy.shape[-1]) % stride == 0
     width = int(sch.get(ow).extent)
     source = sch.get(producers[0] if producers else block).reads[0].source
     # each tap reads a contiguous row: stride 1 (a row as wide as the input), or a phase of the copy below
@@ -102,13 +103,12 @@ def window_schedule(sch: s_tir.Schedule, block: s_tir.SBlockRV, loops: list, tar
     lanes = width if whole_row else largest_divisor(width, (vector_shape(target, "float32")[0], 8, 7, 4, 2, 1))
     ow0, ow1 = sch.split(ow, [None, lanes])
     sch.reorder(n, c, oh, ow0, *reduced, ow1)
-    copy = sch.get(producers[0]).writes[0].source if producers else None
     plane_bytes = math.prod(int(d) for d in copy.shape[2:]) * elem_bytes(copy) if copy is not None else 0
     if plane_bytes >= GROUPED_PLANE_BYTES:  # (see COPY_BYTES) in groups of channels, each group's copies first
         channels, cores = int(sch.get(c).extent), int(target.attrs.get("num-cores", 1))
         turns = channels * int(sch.get(n).extent) // (4 * cores)  # at least 4 groups a core
         most = max(1, min(COPY_BYTES // plane_bytes, turns))
-        group = max(d for d in range(1, most + 1) if channels % d == 0)
+        group = largest_divisor(channels, tuple(range(most, 0, -1)))
         if group > 1:
             c = sch.split(c, [None, group])[0]
     plane = sch.fuse(n, c)
