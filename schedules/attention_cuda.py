@@ -133,6 +133,9 @@ class TileConfig:
     # TMA: this many CTAs (at most one per work item) loop over the (query tile, head, batch) work items, the producer
     # loading the next item's tiles under the current item's last tiles and epilogue (0: one CTA per item)
     persistent: int = 0
+    # persistent: CTA c takes items in boustrophedon rounds (round r: item r * ctas + c, odd rounds r * ctas + ctas - 1 - c)
+    # instead of c, c + ctas, ...: under the causal heaviest-first order each CTA then alternates heavy and light items
+    snake: bool = False
     q_bufs: int = 1  # persistent: Q buffers (2: the next item's Q loads under the current item's tiles)
     # TMA: the last key tile of an item runs P·V alone (peeled from the loop, which otherwise issues one more Q·Kᵀ of a
     # stale stage and drops it: 1 GEMM of 2 * n_kv + 1 wasted, 11 % at 4 key tiles); persistent: Q's buffer released
@@ -159,7 +162,7 @@ class TileConfig:
                 f"{'d' if self.group_diag else ''}{'' if self.swizzle else 'u'}{'t' if self.tma else ''}"
                 f"{f'P{self.persistent}' if self.persistent else ''}{f'Q{self.q_bufs}' if self.q_bufs > 1 else ''}"
                 f"{'' if self.peel or not self.tma else 'z'}{'c' if self.carry else ''}{'o' if self.tma_store else ''}"
-                f"{'r' if self.end_aligned else ''}")
+                f"{'r' if self.end_aligned else ''}{'S' if self.snake else ''}")
 
 
 def wgmma_config(head_dim: int, causal: bool = False) -> TileConfig:
@@ -249,10 +252,15 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     freeing room for O and a second Q, lost 15-26 %). The grid is the target's SM count
     (``common.sm_count``: a GPU with fewer SMs would run the surplus CTAs as a second wave). Causal: the L2 sections
     hold at most a quarter of the grid's items, so that a head's query tiles run within one round of the CTAs and
-    each CTA's items (static round robin, ``ctas`` apart) cycle through the heavy and light ones; H100, two runs
-    (rerun/attention-h100-lpt-sections/), d128 at seq 512: sections of 8 pairs (32 items) +14 % over 128 pairs (the
-    32 MB sections before), 16 pairs +9 %, 32 pairs (128 items: each CTA kept the same weight of item from section to
-    section) -13 %."""
+    each CTA's items cycle through the heavy and light ones; H100, two runs (rerun/attention-h100-lpt-sections/), d128
+    at seq 512: sections of 8 pairs (32 items) +14 % over 128 pairs (the 32 MB sections before), 16 pairs +9 %, 32
+    pairs (128 items: each CTA kept the same weight of item from section to section) -13 %. The CTAs deal the items
+    in snake rounds (``TileConfig.snake``), not round robin (CTA c: items c, c + ctas, ...), whose share of heavy
+    items depends on where the sections end (rerun/attention-snake/balance.py: d128 at seq 2048 in sections of 2
+    pairs, the most a CTA computes 1.09x the mean round robin, 1.03x in snake rounds). H100, three runs
+    (rerun/attention-snake/), per-round ratios against round robin, median: d128 causal 2048 1.061x / 1.063x /
+    1.053x (0.97-0.99 -> 1.03 of cuDNN), causal 512 1.023x / 1.032x / 1.032x; d64 causal 512 0.997x / 1.030x /
+    1.000x."""
     causal, d64 = spec.causal != "none", spec.head_dim <= 64
     if not cfg.tma or (causal and at_least(spec.seq_q, 2048 if d64 else 4096)):
         return cfg
@@ -263,7 +271,7 @@ def persistent_launch(cfg: TileConfig, spec) -> TileConfig:
     if causal:  # sections of at most a quarter of the grid's items (see below)
         pairs = max(1, cfg.persistent // 4 // -(-spec.seq_q // 128))  # (128-row query tiles: 2 warpgroups)
         heads = min(cfg.lpt_heads or pairs * spec.group, (1 << pairs.bit_length() - 1) * spec.group)
-        return replace(cfg, warps=8, pingpong=True, q_bufs=2 if d64 else 1, carry=d64, lpt_heads=heads)
+        return replace(cfg, warps=8, pingpong=True, q_bufs=2 if d64 else 1, carry=d64, lpt_heads=heads, snake=True)
     long = at_least(spec.seq_q, 2048)
     return replace(cfg, q_bufs=2 if d64 and not long else 1, pingpong=cfg.warps == 8 and long)
 
@@ -453,8 +461,20 @@ def mma_body(spec, cfg: TileConfig):
             return w // (H * batch), w % H, w // H % batch
         return w % nq, w // nq % H, w // (nq * H)
 
-    def cta_items(cta):  # persistent: work items of CTA ``cta`` (items cta, cta + ctas, ...)
-        return (items - cta + ctas - 1) // ctas
+    def cta_items(cta):  # persistent: work items of CTA ``cta`` (items cta, cta + ctas, ...; ``snake``: see cta_item)
+        if not cfg.snake:
+            return (items - cta + ctas - 1) // ctas
+        rounds, rest = items // ctas, items % ctas  # the last round's ``rest`` items go to its first (or last) CTAs
+        if isinstance(rounds, int):
+            last = cta < rest if rounds % 2 == 0 else cta >= ctas - rest
+        else:
+            last = T.if_then_else(rounds % 2 == 0, cta < rest, cta >= ctas - rest)
+        return rounds + T.Cast(idx, last)
+
+    def cta_item(cta, it):  # persistent: CTA ``cta``'s item ``it``
+        if not cfg.snake:
+            return cta + it * ctas
+        return it * ctas + T.if_then_else(it % 2 == 0, cta, ctas - 1 - cta)
 
     def persistent_or(value, plain):  # (a conditional the macros evaluate in Python)
         return value if PS else plain
@@ -480,7 +500,7 @@ def mma_body(spec, cfg: TileConfig):
 
     @T.macro
     def attend(smem, q, k, v, bias, out, bx0, h0, b0, tx, maps):
-        """One CTA: work item (bx0, h0, b0), or persistent, items bx0, bx0 + ctas, ..."""
+        """One CTA: work item (bx0, h0, b0), or persistent, the items of CTA bx0 (``cta_item``)"""
         qf = T.alloc_buffer((QF,), dtype, scope="local")
         kf = T.alloc_buffer((8,), dtype, scope="local")
         vf = T.alloc_buffer((8,), dtype, scope="local")
@@ -999,7 +1019,7 @@ def mma_body(spec, cfg: TileConfig):
         @T.inline
         def set_work(it):
             """Persistent: this CTA's item ``it``."""
-            w = T.meta_var(work_item(bx0 + it * ctas))
+            w = T.meta_var(work_item(cta_item(bx0, it)))
             work[0] = T.Cast(idx, w[0])
             work[1] = T.Cast(idx, w[1])
             work[2] = T.Cast(idx, w[2])
@@ -1119,7 +1139,7 @@ def mma_body(spec, cfg: TileConfig):
 
     @T.macro
     def grid(q, k, v, bias, out, maps):
-        if PS:  # CTA c runs items c, c + ctas, ... (attend)
+        if PS:  # CTA c runs its items (``cta_item``) in ``attend``
             for c in T.thread_binding(ctas, thread="blockIdx.x"):
                 cta(q, k, v, bias, out, c, 0, 0, maps)
         else:  # one CTA per item, started in item order

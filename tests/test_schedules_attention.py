@@ -335,6 +335,17 @@ TILE_CONFIGS = {
                                                            persistent=4, q_bufs=2, pingpong=True, lpt_heads=2,
                                                            carry=True, tma_store=True),
                                                       (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
+    # ... persistent, causal, the items dealt in snake rounds: 5 CTAs over 12 items of 1-3 key tiles (the last round's
+    # 2 to the first CTAs), 3 warpgroups, 2 Q buffers, carried; and 5 CTAs over 18 items (the last round's 3 to the
+    # last CTAs) in ping-pong
+    "wgmma-tma-persistent-snake-3-groups": (dict(warps=12, m_tiles=1, bn=128, stages=4, wgmma=True, tma=True,
+                                                 persistent=5, q_bufs=2, carry=True, lpt_heads=2, end_aligned=True,
+                                                 snake=True),
+                                            (2, 250, 390, 3, 1, 64, "float16", (2, 3, 250, 390), "BottomRight")),
+    "wgmma-tma-persistent-snake-pingpong": (dict(warps=8, m_tiles=1, bn=64, stages=3, wgmma=True, tma=True,
+                                                 persistent=5, q_bufs=2, pingpong=True, lpt_heads=2, carry=True,
+                                                 tma_store=True, snake=True),
+                                            (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
     # causal launch order in sections of 3 (batch, head) pairs: 2 x 2 pairs leave a last section of 1
     "wgmma-lpt-sections-of-3": (dict(warps=16, m_tiles=1, bn=64, stages=3, wgmma=True, lpt_heads=3),
                                 (2, 300, 300, 2, 1, 64, "float16", None, "TopLeft")),
@@ -704,6 +715,7 @@ def test_cuda_rule_picks_wgmma_where_it_won():
         assert (cfg.warps, cfg.persistent, cfg.q_bufs, cfg.pingpong, cfg.carry) == want, (seq, d, causal, cfg)
         assert cfg.tma_store == (cfg.persistent > 0 and seq < (2048 if d == 64 else 4096)), (seq, d, causal, cfg)
         assert cfg.end_aligned == (causal != "none"), (seq, d, causal, cfg)  # (causal TMA: the tiles end at the end)
+        assert cfg.snake == (causal != "none" and cfg.persistent > 0), (seq, d, causal, cfg)  # (causal: snake rounds)
     from schedules.common import planning_for
 
     with planning_for(114):  # a target file's SM count (an H100 PCIe) sizes the persistent grid
