@@ -390,6 +390,7 @@ def mma_body(spec, cfg: TileConfig):
     assert not WS or (SW and not per_group and stages >= 2), "TMA: swizzled wgmma tiles, one diagonal per CTA"
     assert not (PC or QB > 1) or (WS and QB in (1, 2)), "persistent CTAs: the TMA kernel, 1 or 2 Q buffers"
     assert not cfg.carry or CARRY, "the next item's first S carried: a persistent kernel, its last tile peeled"
+    assert not cfg.snake or (PS and isinstance(items, int)), "snake rounds: a persistent kernel over a known item count"
     assert not cfg.tma_store or (TS and (OWN or BM <= BN)), "O stored with TMA: persistent, peeled, O fits a buffer"
     assert not cfg.end_aligned or WS, "query tiles aligned to the end: TMA (cp.async takes no rows before the sequence)"
     assert SMEM_ALLOC * 2 <= SMEM_BYTES, f"{cfg.name}: {SMEM_ALLOC * 2} bytes of shared memory, more than an SM has"
@@ -464,12 +465,8 @@ def mma_body(spec, cfg: TileConfig):
     def cta_items(cta):  # persistent: work items of CTA ``cta`` (items cta, cta + ctas, ...; ``snake``: see cta_item)
         if not cfg.snake:
             return (items - cta + ctas - 1) // ctas
-        rounds, rest = items // ctas, items % ctas  # the last round's ``rest`` items go to its first (or last) CTAs
-        if isinstance(rounds, int):
-            last = cta < rest if rounds % 2 == 0 else cta >= ctas - rest
-        else:
-            last = T.if_then_else(rounds % 2 == 0, cta < rest, cta >= ctas - rest)
-        return rounds + T.Cast(idx, last)
+        rounds, rest = divmod(items, ctas)  # the last round's ``rest`` items go to its first (or last) CTAs
+        return rounds + T.Cast(idx, cta < rest if rounds % 2 == 0 else cta >= ctas - rest)
 
     def cta_item(cta, it):  # persistent: CTA ``cta``'s item ``it``
         if not cfg.snake:
