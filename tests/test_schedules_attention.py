@@ -335,9 +335,9 @@ TILE_CONFIGS = {
                                                            persistent=4, q_bufs=2, pingpong=True, lpt_heads=2,
                                                            carry=True, tma_store=True),
                                                       (2, 330, 330, 3, 1, 64, "bfloat16", None, "TopLeft")),
-    # ... persistent, causal, the items dealt in snake rounds: 5 CTAs over 12 items of 1-3 key tiles (the last round's
-    # 2 to the first CTAs), 3 warpgroups, 2 Q buffers, carried; and 5 CTAs over 18 items (the last round's 3 to the
-    # last CTAs) in ping-pong
+    # ... persistent, causal, the items dealt in snake rounds: 5 CTAs over 12 items of 2 or 4 key tiles (the last
+    # round's 2 to the first CTAs), 3 warpgroups, 2 Q buffers, carried; and 5 CTAs over 18 items of 2-6 key tiles (the
+    # last round's 3 to the last CTAs) in ping-pong
     "wgmma-tma-persistent-snake-3-groups": (dict(warps=12, m_tiles=1, bn=128, stages=4, wgmma=True, tma=True,
                                                  persistent=5, q_bufs=2, carry=True, lpt_heads=2, end_aligned=True,
                                                  snake=True),
